@@ -1,0 +1,48 @@
+"""The small error hierarchy every malletrain component raises.
+
+Every error a user can cause (bad file, bad flag, bad config) is an
+:class:`InputError` and maps to exit code 2 in the CLI; everything else is a
+bug or an environment failure and maps to exit code 1.
+"""
+from __future__ import annotations
+
+
+class MalletrainError(Exception):
+    """Base class of all errors raised on purpose by malletrain."""
+
+    exit_code = 1
+
+
+class InputError(MalletrainError):
+    """Bad user input: a file, a flag or a config value.
+
+    ``where`` names the file (and line/field when known) so that the message
+    points the user at the exact spot to fix.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 line: int | None = None, field: str | None = None) -> None:
+        self.path, self.line, self.field = path, line, field
+        parts = []
+        if path is not None:
+            parts.append(str(path))
+        if line is not None:
+            parts.append(f"line {line}")
+        if field is not None:
+            parts.append(f"field '{field}'")
+        prefix = ": ".join([", ".join(parts)]) + ": " if parts else ""
+        super().__init__(prefix + message)
+
+
+class ConfigError(InputError):
+    """A configuration mapping failed validation (unknown key, bad value)."""
+
+
+class SolverError(MalletrainError):
+    """The optimisation solver failed in a way the caller must handle."""
+
+
+class BackendError(MalletrainError):
+    """A backend (Slurm, simulator) command failed."""

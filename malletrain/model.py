@@ -1,0 +1,149 @@
+"""Typed domain model shared by the decision core, the backends and replay.
+
+All types are frozen dataclasses: a :class:`Snapshot` goes into
+:func:`malletrain.core.decide`, a :class:`Plan` comes out.  Times are seconds
+(``*_s``) on whatever clock the caller uses (wall clock for the daemon, the
+trace's clock for replay); the core never reads a clock itself.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+DEFAULT_NODE_TYPE = "gpu"
+
+
+class ActionKind(enum.Enum):
+    """What the plan does to one malleable job this cycle."""
+
+    START = "start"    # held/pending job gets its first nodes
+    GROW = "grow"      # keeps every node it has and takes more
+    SHRINK = "shrink"  # keeps a subset of its nodes
+    STOP = "stop"      # gives every node back (job stays queued, not cancelled)
+    KEEP = "keep"      # same nodes as before
+    WAIT = "wait"      # no nodes before, none now
+
+
+@dataclass(frozen=True)
+class Node:
+    """One harvestable node: idle, or held by a malleable job."""
+
+    name: str
+    node_type: str = DEFAULT_NODE_TYPE
+    group: str = ""                     # topology group (switch, rack)
+    window_end_s: float | None = None   # predicted end of the idle window; None = unknown
+    variability: float = 1.0            # relative slowdown, 1.0 = nominal
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked for: the static description of a malleable job."""
+
+    job_id: str
+    min_nodes: int
+    max_nodes: int
+    rescale_up_s: float = 0.0
+    rescale_down_s: float = 0.0
+    profile: str = ""
+    submit_s: float = 0.0
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A malleable job as observed this cycle."""
+
+    spec: JobSpec
+    nodes: tuple[str, ...] = ()        # nodes it holds now (empty = not running)
+    node_type: str | None = None       # type of the nodes it holds
+    paused_until_s: float = 0.0        # end of a rescale pause in progress
+    last_change_s: float | None = None  # when its node set last changed
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything ``decide`` may know about the cluster at ``now_s``.
+
+    ``nodes`` is the harvestable pool: idle nodes plus the nodes malleable
+    jobs hold now.  Jobs are listed in admission (FIFO) order.
+    """
+
+    now_s: float
+    nodes: tuple[Node, ...]
+    jobs: tuple[JobState, ...]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    mean: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Predicted throughput (samples/s) per candidate node count.
+
+    ``probe`` is set while the JPA still needs a measurement: the count the
+    job should run at next.  ``source`` says where the numbers came from
+    (``fit``, ``profile-prior``, ``oracle``…) and is quoted in reasons.
+    """
+
+    points: Mapping[int, CurvePoint]
+    probe: int | None = None
+    source: str = "fit"
+
+    def mean(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        p = self.points.get(n)
+        if p is not None:
+            return p.mean
+        # Linear interpolation between the nearest listed counts.
+        keys = sorted(self.points)
+        if not keys:
+            return 0.0
+        if n <= keys[0]:
+            return self.points[keys[0]].mean * n / keys[0]
+        if n >= keys[-1]:
+            return self.points[keys[-1]].mean
+        lo = max(k for k in keys if k < n)
+        hi = min(k for k in keys if k > n)
+        w = (n - lo) / (hi - lo)
+        return self.points[lo].mean * (1 - w) + self.points[hi].mean * w
+
+
+@dataclass(frozen=True)
+class Action:
+    """One job's change this cycle, with the reason an operator can read."""
+
+    job_id: str
+    kind: ActionKind
+    from_nodes: tuple[str, ...]
+    to_nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The output of ``decide``: where every admitted job runs, and why."""
+
+    now_s: float
+    allocations: Mapping[str, tuple[str, ...]]
+    actions: tuple[Action, ...]
+    objective: float = 0.0
+    solver: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def changes(self) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions
+                     if a.kind not in (ActionKind.KEEP, ActionKind.WAIT))

@@ -1,0 +1,101 @@
+"""BFTrainer's per-node formulation (the ``bftrainer`` baseline policy).
+
+Following the BFTrainer/FreeTrain MILP (one binary per job × node):
+
+    x_jn ∈ {0,1}   job j runs on node n            Σ_j x_jn ≤ 1   ∀ n
+    N_j = Σ_n x_jn,  min_j·z_j ≤ N_j ≤ max_j·z_j    (z_j: job j runs)
+    throughput O_j(N_j): piecewise linear through the breakpoints
+        (count, T_j(count)) — SOS2, written with segment binaries
+        (λ_ji ≥ 0, Σλ = 1, λ_i ≤ y_{i-1} + y_i, Σy = 1) so CBC can solve it;
+    u_j / d_j: j takes a new node / gives up one of its nodes
+        x_jn ≤ u_j (n not held by j),  1 − x_jn ≤ d_j (n held by j),
+        u_j + d_j ≤ 1                               (no migration)
+    max Σ_j Tfwd·O_j − T_j(c_j)·(R_up_j·u_j + R_down_j·d_j)
+
+Tfwd is a fixed look-ahead.  On a solver timeout without a proven optimum
+BFTrainer keeps the current allocation: so does this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import pulp
+
+from milp.count import make_solver
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    job_id: str
+    min_nodes: int
+    max_nodes: int
+    current: tuple[str, ...]
+    up_s: float
+    down_s: float
+    throughput: Callable[[int], float]
+    breakpoints: tuple[int, ...] = ()   # default: every count 0..max
+
+
+@dataclass(frozen=True)
+class NodeAllocation:
+    nodes: Mapping[str, tuple[str, ...]]
+    objective: float
+    status: str      # optimal | kept
+    notes: tuple[str, ...] = ()
+
+
+def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
+                   solver: str = "cbc", time_limit_s: float = 10.0) -> NodeAllocation:
+    free = set(nodes)
+    prob = pulp.LpProblem("bftrainer", pulp.LpMaximize)
+    x, obj = {}, []
+    per_node: dict[str, list] = {n: [] for n in nodes}
+    for ji, j in enumerate(jobs):
+        mx = min(j.max_nodes, len(nodes))
+        bps = sorted({0, *[b for b in (j.breakpoints or range(mx + 1)) if b <= mx]})
+        xs = {}
+        for ni, n in enumerate(nodes):
+            v = pulp.LpVariable(f"x_{ji}_{ni}", cat="Binary")
+            xs[n] = v
+            per_node[n].append(v)
+        x[j.job_id] = xs
+        count = pulp.lpSum(xs.values())
+        z = pulp.LpVariable(f"z_{ji}", cat="Binary")
+        prob += count >= j.min_nodes * z
+        prob += count <= mx * z
+        lam = [pulp.LpVariable(f"l_{ji}_{i}", lowBound=0) for i in range(len(bps))]
+        seg = [pulp.LpVariable(f"y_{ji}_{i}", cat="Binary") for i in range(max(1, len(bps) - 1))]
+        prob += pulp.lpSum(lam) == 1
+        prob += pulp.lpSum(seg) == 1
+        for i in range(len(bps)):
+            near = [seg[k] for k in (i - 1, i) if 0 <= k < len(seg)]
+            prob += lam[i] <= pulp.lpSum(near)
+        prob += count == pulp.lpSum(b * l for b, l in zip(bps, lam))
+        thr = pulp.lpSum(j.throughput(b) * l for b, l in zip(bps, lam))
+        u = pulp.LpVariable(f"u_{ji}", cat="Binary")
+        d = pulp.LpVariable(f"d_{ji}", cat="Binary")
+        held = set(j.current) & free
+        for n, v in xs.items():
+            if n in held:
+                prob += 1 - v <= d
+            else:
+                prob += v <= u
+        prob += u + d <= 1
+        rate = j.throughput(len(j.current)) if j.current else 0.0
+        obj.append(tfwd_s * thr - rate * (j.up_s * u + j.down_s * d))
+    for n, vs in per_node.items():
+        if len(vs) > 1:
+            prob += pulp.lpSum(vs) <= 1
+    prob += pulp.lpSum(obj)
+    prob.solve(make_solver(solver, time_limit_s))
+    status = pulp.LpStatus.get(prob.status, str(prob.status))
+    if status != "Optimal" or getattr(prob, "sol_status", 1) != pulp.LpSolutionOptimal:
+        kept = {j.job_id: tuple(n for n in j.current if n in free) for j in jobs}
+        kept = {k: (v if len(v) >= next(j.min_nodes for j in jobs if j.job_id == k) else ())
+                for k, v in kept.items()}
+        return NodeAllocation(kept, float("nan"), "kept",
+                              (f"bftrainer: {solver} gave no proven optimum within "
+                               f"{time_limit_s:g} s (status {status}); allocation unchanged",))
+    out = {jid: tuple(n for n in nodes if (xs[n].value() or 0) > 0.5) for jid, xs in x.items()}
+    return NodeAllocation(out, float(pulp.value(prob.objective) or 0.0), "optimal")
