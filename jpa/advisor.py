@@ -8,6 +8,7 @@ Cleaning rules
     counted in ``rejected``;
   * warm-up: the first ``warmup_samples`` samples of every contiguous run at
     one node count are dropped (the first steps after a (re)start are slow);
+    samples older than the job's newest are rejected;
   * outliers: per count, samples further than ``outlier_mad`` scaled median
     absolute deviations from the median are dropped.
 
@@ -26,8 +27,6 @@ from typing import Iterable, Sequence
 
 from jpa.model import ScalingFit, fit_scaling
 from malletrain.model import Curve, CurvePoint
-
-MAX_SAMPLES_PER_JOB = 2000  # older samples are thinned beyond this
 
 
 @dataclass(frozen=True)
@@ -54,44 +53,62 @@ def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:
 
 
 class Advisor:
-    """Online throughput profiler for all malleable jobs."""
+    """Online throughput profiler for all malleable jobs.
+
+    Samples must arrive in time order per job (older ones are rejected);
+    the newest ``keep_per_count`` clean candidates per count are kept, so
+    memory and refit cost stay bounded however long a job runs.
+    """
 
     def __init__(self, *, warmup_samples: int = 1, min_samples: int = 2,
-                 outlier_mad: float = 4.0, max_probes: int = 3) -> None:
+                 outlier_mad: float = 4.0, max_probes: int = 3,
+                 keep_per_count: int = 64) -> None:
         self.warmup_samples = warmup_samples
         self.min_samples = min_samples
         self.outlier_mad = outlier_mad
         self.max_probes = max_probes
-        self._samples: dict[str, list[Sample]] = defaultdict(list)
+        self.keep_per_count = keep_per_count
+        self._values: dict[str, dict[int, list[float]]] = defaultdict(dict)
+        self._run: dict[str, tuple[int, int, float]] = {}   # job -> (nodes, run length, last t)
         self._profile: dict[str, str] = {}
-        self._fits: dict[str, ScalingFit | None] = {}
-        self._shapes: dict[str, ScalingFit | None] = {}
+        self._version: dict[str, int] = defaultdict(int)
+        self._measured: dict[str, tuple[int, dict[int, float]]] = {}
+        self._fits: dict[str, tuple[int, ScalingFit | None]] = {}
+        self._shapes: dict[str, tuple[tuple, ScalingFit | None]] = {}
         self.rejected = 0
 
     # -- input -----------------------------------------------------------
     def register(self, job_id: str, profile: str) -> None:
-        if self._profile.get(job_id) != profile:
-            self._profile[job_id] = profile
-            self._shapes.pop(profile, None)
+        self._profile[job_id] = profile
 
-    def forget(self, job_id: str) -> None:
-        """Drop a finished job's own state; its data stays in its profile's shape."""
-        self._fits.pop(job_id, None)
+    def version(self, job_id: str) -> tuple:
+        """Changes whenever the job's curve could change (own or profile data)."""
+        prof = self._profile.get(job_id, "")
+        peers = tuple(self._version[j] for j, p in sorted(self._profile.items())
+                      if prof and p == prof and j != job_id)
+        return (self._version[job_id], peers)
 
     def add(self, sample: Sample) -> bool:
         """Record one sample; returns False (and counts it) when rejected."""
-        x = sample.samples_per_s
-        if (not isinstance(sample.nodes, int) or sample.nodes <= 0
-                or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0
-                or not math.isfinite(sample.t_s)):
+        x, n = sample.samples_per_s, sample.nodes
+        if (isinstance(n, bool) or not isinstance(n, int) or n <= 0
+                or isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+                or x <= 0 or x > 1e15 or not math.isfinite(sample.t_s)):
             self.rejected += 1
             return False
-        buf = self._samples[sample.job_id]
-        buf.append(sample)
-        if len(buf) > MAX_SAMPLES_PER_JOB:
-            del buf[1:len(buf) // 2:2]  # thin the older half, keep the newest
-        self._fits.pop(sample.job_id, None)
-        self._shapes.pop(self._profile.get(sample.job_id, ""), None)
+        prev_n, run, last_t = self._run.get(sample.job_id, (0, 0, -math.inf))
+        if sample.t_s < last_t:
+            self.rejected += 1
+            return False
+        run = run + 1 if n == prev_n else 1
+        self._run[sample.job_id] = (n, run, sample.t_s)
+        if run <= self.warmup_samples:
+            return True  # accepted, but a warm-up sample is not used for fitting
+        vals = self._values[sample.job_id].setdefault(n, [])
+        vals.append(float(x))
+        if len(vals) > self.keep_per_count:
+            del vals[0]
+        self._version[sample.job_id] += 1
         return True
 
     def add_many(self, samples: Iterable[Sample]) -> int:
@@ -99,16 +116,9 @@ class Advisor:
 
     # -- cleaning and fitting -------------------------------------------
     def clean(self, job_id: str) -> dict[int, list[float]]:
-        """Per node count, the samples that survive warm-up and outlier rules."""
-        runs: dict[int, list[float]] = defaultdict(list)
-        prev_nodes, in_run = None, 0
-        for s in sorted(self._samples.get(job_id, ()), key=lambda s: s.t_s):
-            in_run = in_run + 1 if s.nodes == prev_nodes else 1
-            prev_nodes = s.nodes
-            if in_run > self.warmup_samples:
-                runs[s.nodes].append(s.samples_per_s)
+        """Per node count, the post-warm-up samples that are not outliers."""
         out: dict[int, list[float]] = {}
-        for n, xs in runs.items():
+        for n, xs in self._values.get(job_id, {}).items():
             med = statistics.median(xs)
             mad = statistics.median(abs(x - med) for x in xs) * 1.4826
             keep = [x for x in xs if mad == 0 or abs(x - med) <= self.outlier_mad * mad]
@@ -118,36 +128,45 @@ class Advisor:
 
     def measured(self, job_id: str) -> dict[int, float]:
         """Per measured node count, the median clean throughput."""
-        return {n: statistics.median(xs) for n, xs in self.clean(job_id).items()}
+        v = self._version[job_id]
+        hit = self._measured.get(job_id)
+        if hit is None or hit[0] != v:
+            hit = (v, {n: statistics.median(xs) for n, xs in sorted(self.clean(job_id).items())})
+            self._measured[job_id] = hit
+        return hit[1]
 
     def own_fit(self, job_id: str) -> ScalingFit | None:
-        if job_id not in self._fits:
+        v = self._version[job_id]
+        hit = self._fits.get(job_id)
+        if hit is None or hit[0] != v:
             m = self.measured(job_id)
-            self._fits[job_id] = (fit_scaling(list(m), list(m.values()), terms=len(m))
-                                  if m else None)
-        return self._fits[job_id]
+            hit = (v, fit_scaling(list(m), list(m.values()), terms=len(m)) if m else None)
+            self._fits[job_id] = hit
+        return hit[1]
 
     def shape(self, profile: str) -> ScalingFit | None:
         """The profile's shared shape: pooled over its jobs with ≥3 counts."""
         if not profile:
             return None
-        if profile not in self._shapes:
-            members = [j for j, p in self._profile.items() if p == profile]
-            full = [(j, self.measured(j)) for j in members]
-            full = [(j, m) for j, m in full if len(m) >= 3]
-            shape = None
-            if full:
-                ref = max(full, key=lambda jm: len(jm[1]))
-                ref_fit = fit_scaling(list(ref[1]), list(ref[1].values()))
-                counts, xs = [], []
-                for _, m in full:   # normalise each job onto the reference scale
-                    k = statistics.median(ref_fit.time_per_sample(n) * x for n, x in m.items())
-                    counts += list(m)
-                    xs += [x / k for x in m.values()]
-                shape = fit_scaling(counts, xs)
-            self._shapes[profile] = shape
-        return self._shapes[profile]
-
+        members = sorted(j for j, p in self._profile.items() if p == profile)
+        key = tuple((j, self._version[j]) for j in members)
+        hit = self._shapes.get(profile)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        full = [(j, self.measured(j)) for j in members]
+        full = [(j, m) for j, m in full if len(m) >= 3]
+        shape = None
+        if full:
+            ref = max(full, key=lambda jm: (len(jm[1]), jm[0]))
+            ref_fit = fit_scaling(list(ref[1]), list(ref[1].values()))
+            counts, xs = [], []
+            for _, m in full:   # normalise each job onto the reference scale
+                k = statistics.median(ref_fit.time_per_sample(n) * x for n, x in m.items())
+                counts += list(m)
+                xs += [x / k for x in m.values()]
+            shape = fit_scaling(counts, xs)
+        self._shapes[profile] = (key, shape)
+        return shape
     # -- output ----------------------------------------------------------
     def curve(self, job_id: str, min_nodes: int, max_nodes: int,
               counts: Sequence[int], profile: str = "") -> Curve:

@@ -1,0 +1,5 @@
+import sys
+
+from malletrain.cli import main
+
+sys.exit(main())
