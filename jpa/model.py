@@ -77,6 +77,8 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
     best: tuple[float, np.ndarray] | None = None
     for size in range(1, len(usable) + 1):
         for active in itertools.combinations(usable, size):
+            if active == (2,):
+                continue  # log term alone: infinite throughput at n = 1
             sol, *_ = np.linalg.lstsq(rows[:, active], target, rcond=None)
             if (sol < 0).any():
                 continue

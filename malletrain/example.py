@@ -2,7 +2,7 @@
 
 * ``philly-1day.csv.gz`` – 24 h of Microsoft Philly's per-minute node usage
   (2017-10-10), as per-node idle/busy events on its 420 nodes;
-* ``workload-pollux.yaml`` – 40 malleable jobs over those 24 h whose
+* ``workload-pollux.yaml`` – 60 malleable jobs over those 24 h (more work than the idle nodes can finish) whose
   ground-truth curves are Pollux/AdaptDL measurements of six models.
 Both are small enough to ship; rebuilding them is deterministic.
 """
@@ -20,6 +20,6 @@ def build_example(data_dir: str | None, out_dir: str) -> None:
     data = data_dir or default_data_dir()
     os.makedirs(out_dir, exist_ok=True)
     write_events(philly_events(data, PHILLY_DAY, 24.0), os.path.join(out_dir, "philly-1day.csv.gz"))
-    write_workload(make_workload(data, n_jobs=40, span_s=20 * 3600, seed=7,
-                                 work_node_hours=(1.0, 12.0)),
+    write_workload(make_workload(data, n_jobs=60, span_s=20 * 3600, seed=7,
+                                 work_node_hours=(10.0, 80.0)),
                    os.path.join(out_dir, "workload-pollux.yaml"))

@@ -132,14 +132,15 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
     def err(key: str, msg: str) -> InputError:
         return InputError(msg, path=path, line=kl.get(key, line), field=key)
 
-    def number(key: str, default: float | None = None, integer: bool = False, minimum: float = 0.0):
+    def number(key: str, default: float | None = None, integer: bool = False, minimum: float = 0.0,
+               strict: bool = False):
         v = entry.get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise err(key, f"expected a number, got {v!r}")
         if integer and not float(v).is_integer():
             raise err(key, f"expected an integer, got {v!r}")
-        if v < minimum:
-            raise err(key, f"must be >= {minimum:g}, got {v!r}")
+        if v < minimum or (strict and v == minimum):
+            raise err(key, f"must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
         return int(v) if integer else float(v)
 
     name = entry["name"]
@@ -157,9 +158,7 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
     max_nodes = number("max_nodes", integer=True, minimum=1)
     if min_nodes > max_nodes:
         raise err("min_nodes", f"min_nodes={min_nodes} > max_nodes={max_nodes}")
-    work = number("work")
-    if work <= 0:
-        raise err("work", f"must be > 0, got {work!r}")
+    work = number("work", strict=True)
     profile = entry.get("profile", "")
     if not isinstance(profile, str):
         raise err("profile", f"expected a string, got {profile!r}")

@@ -160,26 +160,27 @@ class SimCluster:
         return obs
 
     def apply(self, actions: Sequence[Action]) -> None:
+        """Release every node the plan takes away, then hand out new ones."""
+        for a in actions:
+            for n in self.jobs[a.job_id].nodes:
+                if n not in a.to_nodes and self.holder.get(n) == a.job_id:
+                    del self.holder[n]
         for a in actions:
             job = self.jobs[a.job_id]
             old = len(job.nodes)
-            new_nodes = list(a.to_nodes)
-            for n in job.nodes:
-                if n not in a.to_nodes:
-                    self.holder.pop(n, None)
-            for n in new_nodes:
+            for n in a.to_nodes:
                 owner = self.holder.get(n)
                 if owner not in (None, a.job_id) or n not in self.pool:
                     raise ValueError(f"apply: node {n} is not free for {a.job_id}")
                 self.holder[n] = a.job_id
             old_rate = job.rate
-            job.nodes = new_nodes
-            job.rate = job.truth(len(new_nodes))
+            job.nodes = list(a.to_nodes)
+            job.rate = job.truth(len(job.nodes))
             job.last_change = self.now
             if a.kind == ActionKind.STOP:
                 self.counters.stops += 1
                 continue
-            pause = job.spec.rescale_up_s if len(new_nodes) > old else job.spec.rescale_down_s
+            pause = job.spec.rescale_up_s if len(job.nodes) > old else job.spec.rescale_down_s
             if a.kind == ActionKind.START:
                 self.counters.starts += 1
             else:

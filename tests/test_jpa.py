@@ -1,0 +1,159 @@
+import json
+import math
+import random
+
+import pytest
+
+from jpa import Advisor, Sample, fit_scaling, probe_counts
+from malletrain.cli import main
+
+
+def amdahl_log(a, b, c):
+    return lambda n: 1.0 / (a / n + b + c * math.log2(n))
+
+
+def test_fit_recovers_exact_parameters():
+    f = amdahl_log(2.0, 0.05, 0.02)
+    counts = [1, 2, 4]
+    fit = fit_scaling(counts, [f(n) for n in counts])
+    assert fit.a == pytest.approx(2.0, rel=1e-9)
+    assert fit.b == pytest.approx(0.05, rel=1e-6)
+    assert fit.c == pytest.approx(0.02, rel=1e-6)
+    for n in (8, 16, 64):
+        assert fit.throughput(n) == pytest.approx(f(n), rel=1e-9)
+
+
+def test_fit_expresses_retrograde_scaling():
+    f = amdahl_log(1.0, 0.0, 0.05)   # peaks near n = ln2 / 0.05 ≈ 14
+    fit = fit_scaling([2, 8, 32], [f(n) for n in (2, 8, 32)])
+    assert fit.throughput(64) < fit.throughput(16)
+    assert fit.throughput(64) == pytest.approx(f(64), rel=1e-6)
+
+
+def test_fit_coefficients_never_negative():
+    rng = random.Random(3)
+    for _ in range(200):
+        counts = sorted(rng.sample(range(1, 65), 3))
+        xs = [rng.uniform(1, 1000) for _ in counts]
+        fit = fit_scaling(counts, xs)
+        assert min(fit.a, fit.b, fit.c) >= 0
+        assert all(fit.throughput(n) > 0 for n in (1, 2, 100))
+
+
+def test_fit_rejects_bad_input():
+    with pytest.raises(ValueError):
+        fit_scaling([], [])
+    with pytest.raises(ValueError):
+        fit_scaling([1, 2], [10.0, float("nan")])
+    with pytest.raises(ValueError):
+        fit_scaling([0], [1.0])
+
+
+def test_probe_counts():
+    assert probe_counts(1, 64) == (1, 2, 4)
+    assert probe_counts(4, 4) == (4,)
+    assert probe_counts(2, 5) == (2, 3, 5)
+    assert len(probe_counts(1, 2)) <= 3 and set(probe_counts(1, 2)) <= {1, 2}
+
+
+def feed(adv, job, n, values, t0=0.0):
+    for i, x in enumerate(values):
+        adv.add(Sample(job, n, x, t0 + i))
+    return t0 + len(values)
+
+
+def test_warmup_and_outliers_are_dropped():
+    adv = Advisor()
+    t = feed(adv, "j", 2, [10.0, 100.0, 101.0, 99.0, 5000.0, 100.0])
+    assert adv.measured("j") == {2: pytest.approx(100.0)}
+    clean = adv.clean("j")[2]
+    assert 10.0 not in clean and 5000.0 not in clean
+
+
+def test_garbage_samples_are_rejected_and_counted():
+    adv = Advisor()
+    bad = [Sample("j", 2, float("nan"), 1), Sample("j", 0, 10, 2), Sample("j", 2, -1.0, 3),
+           Sample("j", 2, float("inf"), 4), Sample("j", True, 10.0, 5), Sample("j", 2, "x", 6)]
+    for s in bad:
+        assert adv.add(s) is False
+    assert adv.rejected == len(bad)
+    adv.add(Sample("j", 2, 10.0, 10))
+    assert adv.add(Sample("j", 2, 10.0, 9)) is False   # older than the newest
+
+
+def test_probe_then_fit():
+    adv = Advisor()
+    c = adv.curve("j", 1, 16, [1, 2, 4, 8, 16])
+    assert c.probe == 1 and not c.points
+    f = amdahl_log(1.0, 0.02, 0.01)
+    t = 0.0
+    for n in (1, 2):
+        t = feed(adv, "j", n, [f(n)] * 4, t)
+        c = adv.curve("j", 1, 16, [1, 2, 4, 8, 16])
+    assert c.probe == 4 and c.source == "partial-fit"
+    feed(adv, "j", 4, [f(4)] * 4, t)
+    c = adv.curve("j", 1, 16, [1, 2, 4, 8, 16])
+    assert c.probe is None and c.source == "fit"
+    assert c.points[16].mean == pytest.approx(f(16), rel=1e-6)
+    # the band widens with extrapolation distance
+    w = lambda n: (c.points[n].high - c.points[n].low) / c.points[n].mean
+    assert w(16) > w(4)
+    assert c.points[16].low < c.points[16].mean < c.points[16].high
+
+
+def test_profile_prior_shared_across_trials():
+    adv = Advisor()
+    f = amdahl_log(1.0, 0.02, 0.01)
+    adv.register("a", "bert")
+    t = 0.0
+    for n in (1, 2, 4):
+        t = feed(adv, "a", n, [f(n)] * 4, t)
+    adv.register("b", "bert")
+    # trial b is 3x faster per sample (other batch size) and measured at one count only
+    feed(adv, "b", 2, [3 * f(2)] * 4)
+    c = adv.curve("b", 1, 16, [1, 2, 4, 8, 16], "bert")
+    assert c.probe is None and c.source == "profile-prior"
+    assert c.points[8].mean == pytest.approx(3 * f(8), rel=1e-6)
+    # without the shared profile the same data would still need probes
+    adv.register("c", "")
+    feed(adv, "c", 2, [3 * f(2)] * 4)
+    assert adv.curve("c", 1, 16, [1, 2, 4]).probe == 1
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_jpa_predict_cli(tmp_path, capsys):
+    f = amdahl_log(1.0, 0.02, 0.01)
+    p = tmp_path / "s.csv"
+    p.write_text("nodes,samples_per_s\n" + "".join(f"{n},{f(n)}\n" for n in (1, 2, 4) for _ in range(2)))
+    code, out, _ = run_cli(capsys, "jpa", "predict", "--samples", str(p), "--nodes", "1,2,4,8,16,32,64")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"1", "2", "4", "8", "16", "32", "64"}
+    assert data["32"]["mean"] == pytest.approx(f(32), rel=1e-4)
+    assert data["32"]["low"] < data["32"]["mean"] < data["32"]["high"]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("", "empty file"),
+    ("nodes,samples_per_s\n", "no measurements"),
+    ("n,x\n1,2\n", "header must be"),
+    ("nodes,samples_per_s\n1,abc\n", "line 2"),
+    ("nodes,samples_per_s\n0,5\n", "must be positive"),
+    ("nodes,samples_per_s\n2,-5\n", "positive finite"),
+    ("nodes,samples_per_s\n2\n", "expected 2 fields"),
+])
+def test_jpa_predict_cli_bad_files(tmp_path, capsys, content, needle):
+    p = tmp_path / "bad.csv"
+    p.write_text(content)
+    code, out, err = run_cli(capsys, "jpa", "predict", "--samples", str(p), "--nodes", "1,2")
+    assert code == 2 and needle in err and str(p) in err and out == ""
+
+
+def test_jpa_predict_cli_missing_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "jpa", "predict", "--samples", str(tmp_path / "nope.csv"), "--nodes", "1")
+    assert code == 2 and "cannot read" in err

@@ -1,0 +1,172 @@
+import itertools
+import math
+import random
+
+import pulp
+import pytest
+
+from milp import JobChoice, Option, Problem, allocate, evaluate
+from milp.bftrainer import NodeJob, solve_per_node
+from milp.count import solve_count_milp
+from milp.greedy import solve_greedy
+from milp.mck import solve_mck
+from milp.problem import job_values
+
+
+def curve(rng):
+    a, b, c = rng.uniform(1, 10), rng.uniform(0, 0.3), rng.uniform(0, 0.2)
+    return lambda n: 0.0 if n <= 0 else 1.0 / (a / n + b + c * math.log2(n))
+
+
+def random_problem(rng, types=("gpu",), jobs=None, cap_max=24):
+    choices = []
+    for i in range(jobs or rng.randint(1, 7)):
+        lo = rng.randint(1, 4)
+        hi = rng.randint(lo, 12)
+        cur = rng.choice([0] + list(range(lo, hi + 1)))
+        t = rng.choice(types)
+        opts = job_values(list(range(lo, hi + 1)), cur, rng.uniform(60, 1200),
+                          rng.uniform(0, 300), rng.uniform(0, 100), curve(rng))
+        choices.append(JobChoice(f"j{i}", opts, (t,) if cur else tuple(types), cur))
+    return Problem(tuple(choices), {t: rng.randint(0, cap_max) for t in types})
+
+
+def brute_force(p):
+    best = -math.inf
+    per_job = []
+    for j in p.jobs:
+        per_job.append([(None, 0)] + [(t, o.size) for t in j.node_types for o in j.options if o.size])
+    for combo in itertools.product(*per_job):
+        try:
+            best = max(best, evaluate(p, {j.job_id: c for j, c in zip(p.jobs, combo)}))
+        except ValueError:
+            pass
+    return best
+
+
+def test_knapsack_dp_reaches_the_milp_optimum_randomized():
+    rng = random.Random(12345)
+    for _ in range(60):
+        p = random_problem(rng)
+        dp, milp = solve_mck(p), solve_count_milp(p, "cbc")
+        assert milp.status == "optimal"
+        assert dp.objective == pytest.approx(milp.objective, rel=1e-7, abs=1e-6)
+        assert evaluate(p, dp.sizes) == pytest.approx(dp.objective, rel=1e-9, abs=1e-9)
+
+
+def test_highs_agrees_with_cbc():
+    rng = random.Random(7)
+    for _ in range(15):
+        p = random_problem(rng)
+        assert solve_count_milp(p, "highs").objective == pytest.approx(
+            solve_count_milp(p, "cbc").objective, rel=1e-7, abs=1e-6)
+
+
+def test_multi_type_milp_matches_brute_force():
+    rng = random.Random(99)
+    for _ in range(25):
+        p = random_problem(rng, types=("a100", "v100"), jobs=rng.randint(1, 3), cap_max=10)
+        got = allocate(p)  # auto -> MILP for two types
+        assert got.solver == "milp-cbc"
+        assert got.objective == pytest.approx(brute_force(p), rel=1e-7, abs=1e-6)
+        evaluate(p, got.sizes)  # feasible: raises otherwise
+
+
+def test_negative_control_a_suboptimal_answer_is_detected():
+    """The optimality check can fail: greedy is beaten on this instance."""
+    # A has the best gain per node (30) but blocks B, which is worth more in total.
+    a = JobChoice("A", (Option(0, 0), Option(3, 90.0)), ("gpu",))
+    b = JobChoice("B", (Option(0, 0), Option(4, 100.0)), ("gpu",))
+    p = Problem((a, b), {"gpu": 4})
+    assert solve_mck(p).objective == pytest.approx(100.0)
+    assert solve_greedy(p).objective < solve_mck(p).objective
+
+
+def test_greedy_is_always_feasible():
+    rng = random.Random(5)
+    for _ in range(40):
+        p = random_problem(rng, types=("a", "b"))
+        g = solve_greedy(p)
+        assert evaluate(p, g.sizes) == pytest.approx(g.objective)
+
+
+def test_solver_failure_falls_back_to_greedy_with_a_note(monkeypatch):
+    import milp.solve as solve_mod
+
+    def boom(*a, **k):
+        raise RuntimeError("solver binary missing")
+    monkeypatch.setattr(solve_mod, "solve_count_milp", boom)
+    p = random_problem(random.Random(1), types=("a", "b"))
+    got = allocate(p, method="cbc")
+    assert got.status == "fallback" and got.solver == "greedy"
+    assert "fell back to greedy" in got.notes[0] and "solver binary missing" in got.notes[0]
+
+
+def test_unknown_allocator_is_an_error():
+    from malletrain.errors import SolverError
+    with pytest.raises(SolverError):
+        allocate(random_problem(random.Random(1)), method="gurobi")
+
+
+def test_missing_zero_option_is_rejected():
+    from malletrain.errors import InputError
+    p = Problem((JobChoice("x", (Option(1, 1.0),), ("gpu",)),), {"gpu": 1})
+    with pytest.raises(InputError):
+        allocate(p)
+
+
+def test_pause_costs_charged_at_current_rate():
+    f = lambda n: 10.0 * n
+    opts = {o.size: o.value for o in job_values([1, 2, 4], 2, 100.0, 30.0, 5.0, f)}
+    assert opts[2] == pytest.approx(100 * 20)             # no change, no pause
+    assert opts[4] == pytest.approx(100 * 40 - 30 * 20)   # grow: up pause at T(2)
+    assert opts[1] == pytest.approx(100 * 10 - 5 * 20)    # shrink: down pause at T(2)
+    assert opts[0] == pytest.approx(0 - 5 * 20)
+
+
+def per_node_instance(rng, n_jobs, n_nodes):
+    nodes = [f"n{i:03d}" for i in range(n_nodes)]
+    jobs, choices, used = [], [], 0
+    for i in range(n_jobs):
+        f = curve(rng)
+        lo, hi = rng.randint(1, 2), rng.randint(3, 8)
+        cur = rng.choice([0, lo, hi]) if used + hi <= n_nodes else 0
+        held = tuple(nodes[used:used + cur])
+        used += cur
+        up, down = rng.uniform(0, 120), rng.uniform(0, 30)
+        jobs.append(NodeJob(f"j{i}", lo, hi, held, up, down, f))
+        choices.append(JobChoice(f"j{i}", job_values(list(range(lo, hi + 1)), cur, 600, up, down, f),
+                                 ("gpu",), cur))
+    return nodes, jobs, Problem(tuple(choices), {"gpu": n_nodes})
+
+
+def test_bftrainer_per_node_formulation_matches_count_optimum():
+    rng = random.Random(21)
+    for _ in range(6):
+        nodes, jobs, problem = per_node_instance(rng, rng.randint(2, 4), rng.randint(6, 14))
+        res = solve_per_node(jobs, nodes, 600)
+        assert res.status == "optimal"
+        assert res.objective == pytest.approx(solve_mck(problem).objective, rel=1e-6, abs=1e-6)
+        seen = set()
+        for j in jobs:
+            got = res.nodes[j.job_id]
+            assert not (set(got) & seen)
+            seen |= set(got)
+            assert len(got) == 0 or j.min_nodes <= len(got) <= j.max_nodes
+            # no migration: keeps all of its nodes, or gives some up and takes none
+            assert set(j.current) <= set(got) or set(got) <= set(j.current)
+
+
+def test_bftrainer_keeps_allocation_when_solver_gives_no_optimum(monkeypatch):
+    import milp.bftrainer as bf
+
+    class NoSolution:
+        def actualSolve(self, lp, **kw):
+            lp.status = pulp.LpStatusNotSolved
+            return lp.status
+    monkeypatch.setattr(bf, "make_solver", lambda *a, **k: NoSolution())
+    nodes, jobs, _ = per_node_instance(random.Random(3), 3, 12)
+    res = solve_per_node(jobs, nodes, 600)
+    assert res.status == "kept" and "allocation unchanged" in res.notes[0]
+    for j in jobs:
+        assert res.nodes[j.job_id] == j.current

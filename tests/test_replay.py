@@ -1,0 +1,169 @@
+import csv
+import json
+import os
+
+import pytest
+
+from helpers import T0, job, write_events, write_workload
+from malletrain.cli import main
+from malletrain.replay import idle_node_seconds
+from malletrain.traces import load_trace
+
+
+def replay(tmp_path, rows, jobs, *extra, name="out"):
+    tr, wl, out = tmp_path / "t.csv", tmp_path / "w.yaml", tmp_path / name
+    write_events(tr, rows)
+    write_workload(wl, jobs)
+    code = main(["replay", "--trace", str(tr), "--workload", str(wl), "--out", str(out),
+                 "--quiet", *extra])
+    return code, out
+
+
+def load(out):
+    with open(out / "summary.json") as fh:
+        s = json.load(fh)
+    with open(out / "jobs.csv") as fh:
+        js = list(csv.DictReader(fh))
+    return s, js
+
+
+FOUR_IDLE = [(0, f"n{i}", "idle") for i in range(4)] + [(1000, "n0", "idle")]
+
+
+def test_job_completes_at_work_over_rate_plus_pause(tmp_path):
+    code, out = replay(tmp_path, FOUR_IDLE, [job(work=1000.0, up=5, thr={1: 10.0, 4: 40.0})],
+                       "--policy", "oracle")
+    assert code == 0
+    s, js = load(out)
+    # 4 nodes at 40 samples/s after a 5 s start pause: 5 + 1000/40 = 30 s
+    assert float(js[0]["completed_at_s"]) == pytest.approx(30.0, abs=1e-6)
+    assert s["jobs_completed"] == 1 and s["useful_samples"] == pytest.approx(1000.0)
+    assert s["allocated_node_s"] == pytest.approx(4 * 30.0, rel=1e-9)
+    assert s["idle_node_s"] == pytest.approx(4 * 1001.0)
+    for f in ("policy", "trace_span_s", "idle_node_s", "allocated_node_s", "useful_samples",
+              "lost_samples", "jobs_completed", "rescales", "preemptions", "decisions",
+              "decision_ms_p50", "decision_ms_p95", "wall_s"):
+        assert f in s
+    assert (out / "timeline.csv").stat().st_size > 0
+    assert (out / "nodes.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_preemption_shrinks_at_once_and_counts_lost_work(tmp_path):
+    rows = [(0, "n0", "idle"), (0, "n1", "idle"), (10, "n1", "busy"), (500, "n0", "idle")]
+    code, out = replay(tmp_path, rows, [job(work=1e9, lo=1, hi=2, up=0, down=4,
+                                              thr={1: 10.0, 2: 20.0})], "--policy", "oracle")
+    s, _ = load(out)
+    assert code == 0 and s["preemptions"] == 1
+    assert s["lost_samples"] == pytest.approx(4 * 20.0)       # pause at the old rate
+    # 10 s at 20/s, 4 s paused, then 1 node at 10/s until the end (501 s)
+    assert s["useful_samples"] == pytest.approx(200 + 10 * (501 - 14), rel=1e-9)
+
+
+def test_preemption_below_min_stops_the_job(tmp_path):
+    rows = [(0, "n0", "idle"), (0, "n1", "idle"), (10, "n1", "busy"), (100, "n0", "idle")]
+    code, out = replay(tmp_path, rows, [job(work=1e9, lo=2, hi=2, down=3, thr={2: 20.0})],
+                       "--policy", "oracle")
+    s, _ = load(out)
+    assert s["preemptions"] == 1 and s["useful_samples"] == pytest.approx(200.0)
+
+
+def test_same_inputs_same_summary(tmp_path):
+    rows = [(0, f"n{i}", "idle" if i % 3 else "busy") for i in range(12)]
+    rows += [(t, f"n{t % 12}", "busy" if t % 2 else "idle") for t in range(30, 3000, 37)]
+    jobs = [job(name=f"j{i}", submit=i * 60, lo=1, hi=6, work=5e4, up=10, down=5,
+                profile="p" if i % 2 else "q", thr={1: 10.0, 2: 19.0, 4: 30.0, 8: 35.0})
+            for i in range(6)]
+    args = ("--policy", "malletrain", "--noise", "0.1", "--seed", "3")
+    _, o1 = replay(tmp_path, rows, jobs, *args, name="a")
+    _, o2 = replay(tmp_path, rows, jobs, *args, name="b")
+    s1, s2 = load(o1)[0], load(o2)[0]
+    for s in (s1, s2):
+        for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean"):
+            s.pop(k)
+    assert s1 == s2
+    assert s1["decisions"] > 50 and s1["useful_samples"] > 0
+    assert (o1 / "timeline.csv").read_text() == (o2 / "timeline.csv").read_text()
+    _, o3 = replay(tmp_path, rows, jobs, "--policy", "malletrain", "--noise", "0.1", "--seed", "4",
+                   name="c")
+    assert load(o3)[0]["useful_samples"] != s1["useful_samples"]
+
+
+@pytest.mark.parametrize("policy", ["malletrain", "oracle", "bftrainer", "greedy", "static"])
+def test_every_policy_runs(tmp_path, policy):
+    rows = [(0, f"n{i}", "idle") for i in range(6)] + [(300, "n0", "busy"), (600, "n0", "idle")]
+    jobs = [job(name=f"j{i}", submit=i * 30, hi=4, work=2e4, thr={1: 10, 2: 18, 4: 30})
+            for i in range(3)]
+    code, out = replay(tmp_path, rows, jobs, "--policy", policy, "--interval", "60")
+    s, _ = load(out)
+    assert code == 0 and s["policy"] == policy and s["useful_samples"] > 0
+
+
+def test_max_jobs_limits_admission(tmp_path):
+    jobs = [job(name=f"j{i}", hi=1, work=100.0, thr={1: 10.0}) for i in range(3)]
+    _, out = replay(tmp_path, FOUR_IDLE, jobs, "--policy", "oracle", "--max-jobs", "1")
+    _, js = load(out)
+    done = sorted(float(j["completed_at_s"]) for j in js)
+    assert done == pytest.approx([10.0, 20.0, 30.0])
+
+
+# -- trace formats -----------------------------------------------------------
+SCHEDULE = [  # (start, end, nodes) of primary jobs on n1..n4
+    (100, 400, ["n1", "n2"]),
+    (200, 900, ["n3"]),
+    (500, 700, ["n1", "n2", "n4"]),
+]
+
+
+def test_three_formats_give_the_same_idle_node_seconds(tmp_path):
+    from malletrain.timeutil import iso
+    # events
+    ev = [(0, n, "idle") for n in ("n1", "n2", "n3", "n4")]
+    for a, b, ns in SCHEDULE:
+        ev += [(a, n, "busy") for n in ns] + [(b, n, "idle") for n in ns]
+    ev.sort(key=lambda r: r[0])
+    write_events(tmp_path / "t.csv.gz", ev, gz=True)
+    # sacct
+    with open(tmp_path / "t.sacct", "w") as fh:
+        fh.write("JobID|Start|End|NodeList|State\n")
+        fh.write(f"0|{iso(T0)[:-1]}|{iso(T0 + 1)[:-1]}|n[1-4]|COMPLETED\n")
+        for i, (a, b, ns) in enumerate(SCHEDULE, 1):
+            from hostlist import collect_hostlist
+            fh.write(f"{i}|{iso(T0 + a)[:-1]}|{iso(T0 + b)[:-1]}|{collect_hostlist(ns)}|COMPLETED\n")
+            fh.write(f"{i}.batch|{iso(T0 + a)[:-1]}|{iso(T0 + b)[:-1]}|{ns[0]}|COMPLETED\n")
+        fh.write("99|Unknown|Unknown|None assigned|PENDING\n")
+    a = load_trace(str(tmp_path / "t.csv.gz"), start=T0 + 1, end=T0 + 1000)
+    b = load_trace(str(tmp_path / "t.sacct"), start=T0 + 1, end=T0 + 1000)
+    assert b.skipped_jobs == 1
+    busy_s = sum((e - s) * len(ns) for s, e, ns in SCHEDULE)
+    assert idle_node_seconds(a) == pytest.approx(4 * 999 - busy_s)
+    assert idle_node_seconds(b) == pytest.approx(idle_node_seconds(a))
+    # SWF: sizes only; first-fit gives nodes, so the total is what must match
+    with open(tmp_path / "t.swf", "w") as fh:
+        fh.write("; MaxNodes: 4\n")
+        for i, (s, e, ns) in enumerate(SCHEDULE, 1):
+            fh.write(f"{i} {s} 0 {e - s} {len(ns)} -1 -1 {len(ns)} -1 -1 1 -1 -1 -1 -1 -1 -1 -1\n")
+    c = load_trace(str(tmp_path / "t.swf"), start=1, end=1000)
+    assert len(c.nodes) == 4
+    assert idle_node_seconds(c) == pytest.approx(4 * 999 - busy_s)
+
+
+def test_swf_procs_per_node_and_nodes_option(tmp_path):
+    p = tmp_path / "t.swf"
+    p.write_text("1 0 0 100 8 -1 -1 8 -1 -1 1 -1 -1 -1 -1 -1 -1 -1\n"
+                 "2 0 10 100 4 -1 -1 4 -1 -1 1 -1 -1 -1 -1 -1 -1 -1\n")
+    t = load_trace(str(p), procs_per_node=4)
+    assert len(t.nodes) == 3 and t.n_events == 6
+    t2 = load_trace(str(p), procs_per_node=4, nodes=1)
+    assert len(t2.nodes) == 1 and t2.n_events == 2
+
+
+def test_shipped_example_replays(tmp_path):
+    from conftest import EXAMPLES
+    out = tmp_path / "ex"
+    code = main(["replay", "--trace", os.path.join(EXAMPLES, "philly-1day.csv.gz"),
+                 "--workload", os.path.join(EXAMPLES, "workload-pollux.yaml"),
+                 "--policy", "malletrain", "--out", str(out), "--quiet", "--noise", "0.05",
+                 "--end", "2017-10-10T03:00:00Z"])
+    s, _ = load(out)
+    assert code == 0 and s["harvested_fraction"] > 0.05 and s["useful_samples"] > 0
