@@ -15,6 +15,7 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from typing import Mapping, Sequence
@@ -27,6 +28,7 @@ from milp.problem import JobChoice, Problem, job_values
 from milp.solve import allocate
 
 
+@functools.lru_cache(maxsize=4096)
 def size_grid(min_nodes: int, max_nodes: int, max_candidates: int = 32) -> tuple[int, ...]:
     """Candidate sizes: every count in range, or a geometric grid if too many."""
     lo, hi = max(1, min_nodes), max(min_nodes, max_nodes)

@@ -9,18 +9,57 @@ Rules, in order:
 3. starting jobs take a whole group when one has room (the group with the
    most free nodes), else the longest-window nodes across groups.
 Never assigns a node twice, never a node outside the pool, never migrates.
+Free nodes are sorted once; per-(type, group) queues make each take O(count).
 """
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from typing import Mapping, Sequence
 
 from malletrain.model import JobState, Node
 
 
-def _window(node: Node) -> float:
-    return math.inf if node.window_end_s is None else node.window_end_s
+def _rank(n: Node) -> tuple:
+    return (-(math.inf if n.window_end_s is None else n.window_end_s), n.variability, n.name)
+
+
+class _FreeNodes:
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        ordered = sorted(nodes, key=_rank)
+        self.by_type: dict[str, deque] = defaultdict(deque)
+        self.by_group: dict[tuple[str, str], deque] = defaultdict(deque)
+        self.count: Counter = Counter()
+        for n in ordered:
+            self.by_type[n.node_type].append(n)
+            self.by_group[(n.node_type, n.group)].append(n)
+            self.count[(n.node_type, n.group)] += 1
+        self.taken: set[str] = set()
+
+    def _pop(self, q: deque) -> Node | None:
+        while q:
+            n = q.popleft()
+            if n.name not in self.taken:
+                return n
+        return None
+
+    def take(self, ntype: str, count: int, group: str | None) -> list[Node]:
+        if group is None:
+            groups = {g: c for (t, g), c in self.count.items() if t == ntype and c > 0}
+            if groups:
+                fits = [g for g, c in groups.items() if c >= count]
+                group = max(fits or groups, key=lambda g: (groups[g], g))
+        got: list[Node] = []
+        queues = ([self.by_group[(ntype, group)]] if group is not None else []) + [self.by_type[ntype]]
+        for q in queues:
+            while len(got) < count:
+                n = self._pop(q)
+                if n is None:
+                    break
+                self.taken.add(n.name)
+                self.count[(n.node_type, n.group)] -= 1
+                got.append(n)
+        return got
 
 
 def place(nodes: Sequence[Node], jobs: Sequence[JobState],
@@ -31,26 +70,16 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
     for job in jobs:
         own = [by_name[n] for n in job.nodes if n in by_name]
         want = targets.get(job.job_id, (None, 0))[1]
-        keep = sorted(own, key=lambda n: (-_window(n), n.variability, n.name))[:want]
+        keep = own if want >= len(own) else sorted(own, key=_rank)[:want]
         out[job.job_id] = tuple(n.name for n in keep)
         held.update(out[job.job_id])
-    free = [n for n in nodes if n.name not in held]
+    free = _FreeNodes([n for n in nodes if n.name not in held])
 
-    def take(job_id: str, ntype: str | None, count: int, prefer_group: str | None) -> None:
-        nonlocal free
-        pool = [n for n in free if ntype is None or n.node_type == ntype]
-        if prefer_group is None and pool:
-            groups = Counter(n.group for n in pool)
-            fits = [g for g, c in groups.items() if c >= count]
-            prefer_group = (max(fits, key=lambda g: (groups[g], g)) if fits
-                            else max(groups, key=lambda g: (groups[g], g)))
-        pool.sort(key=lambda n: (n.group != prefer_group, -_window(n), n.variability, n.name))
-        got = pool[:count]
+    def take(job_id: str, ntype: str | None, count: int, group: str | None) -> None:
+        got = free.take(ntype if ntype is not None else _any_type(free, count), count, group)
         if len(got) < count:
             raise ValueError(f"placement: job {job_id} needs {count} more nodes of type "
                              f"{ntype}, only {len(got)} free")
-        names = {n.name for n in got}
-        free = [n for n in free if n.name not in names]
         out[job_id] = out[job_id] + tuple(n.name for n in got)
 
     for job in jobs:  # growers first: they are already running
@@ -58,9 +87,17 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
         have = len(out[job.job_id])
         if have and want > have:
             groups = Counter(by_name[n].group for n in out[job.job_id])
-            take(job.job_id, ntype or job.node_type, want - have, groups.most_common(1)[0][0])
+            take(job.job_id, ntype or by_name[out[job.job_id][0]].node_type, want - have,
+                 groups.most_common(1)[0][0])
     for job in jobs:
         ntype, want = targets.get(job.job_id, (None, 0))
         if not out[job.job_id] and want > 0:
             take(job.job_id, ntype, want, None)
     return out
+
+
+def _any_type(free: _FreeNodes, count: int) -> str:
+    per_type = Counter()
+    for (t, _), c in free.count.items():
+        per_type[t] += c
+    return max(per_type, key=lambda t: (per_type[t], t)) if per_type else ""

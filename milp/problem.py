@@ -8,13 +8,12 @@ DESIGN.md objective ``H·T(n) − pause(c→n)·T(c)``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from malletrain.errors import InputError
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     size: int
     value: float
 
@@ -89,8 +88,10 @@ def job_values(sizes: list[int], current: int, horizon_s: float,
     still simulated in replay).
     """
     cur_rate = throughput(current) if current > 0 else 0.0
-    out = []
-    for n in sorted(set([0] + list(sizes))):
-        pause = up_s if n > current else down_s if n < current else 0.0
-        out.append(Option(n, horizon_s * throughput(n) - pause * cur_rate))
+    up_cost, down_cost = up_s * cur_rate, down_s * cur_rate
+    out = [Option(0, -down_cost if current > 0 else 0.0)]
+    for n in sorted(set(sizes)):
+        if n > 0:
+            cost = up_cost if n > current else down_cost if n < current else 0.0
+            out.append(Option(n, horizon_s * throughput(n) - cost))
     return tuple(out)
