@@ -71,7 +71,10 @@ class Advisor:
         self._values: dict[str, dict[int, list[float]]] = defaultdict(dict)
         self._run: dict[str, tuple[int, int, float]] = {}   # job -> (nodes, run length, last t)
         self._profile: dict[str, str] = {}
-        self._version: dict[str, int] = defaultdict(int)
+        self._version: dict[str, int] = defaultdict(int)   # every accepted sample
+        self._epoch: dict[str, int] = defaultdict(int)     # refit-worthy changes
+        self._since_epoch: dict[str, int] = defaultdict(int)
+        self._kept: dict[str, int] = defaultdict(int)
         self._measured: dict[str, tuple[int, dict[int, float]]] = {}
         self._fits: dict[str, tuple[int, ScalingFit | None]] = {}
         self._shapes: dict[str, tuple[tuple, ScalingFit | None]] = {}
@@ -82,11 +85,16 @@ class Advisor:
         self._profile[job_id] = profile
 
     def version(self, job_id: str) -> tuple:
-        """Changes whenever the job's curve could change (own or profile data)."""
+        """Changes when the job's curve should be refitted (own or profile data).
+
+        A job's *epoch* advances when a count first has ``min_samples`` clean
+        samples, or once it added a quarter more samples (at least 4) since the
+        last epoch; a settled curve is not refitted for every new sample.
+        """
         prof = self._profile.get(job_id, "")
-        peers = tuple(self._version[j] for j, p in sorted(self._profile.items())
+        peers = tuple(self._epoch[j] for j, p in sorted(self._profile.items())
                       if prof and p == prof and j != job_id)
-        return (self._version[job_id], peers)
+        return (self._epoch[job_id], peers)
 
     def add(self, sample: Sample) -> bool:
         """Record one sample; returns False (and counts it) when rejected."""
@@ -104,11 +112,19 @@ class Advisor:
         self._run[sample.job_id] = (n, run, sample.t_s)
         if run <= self.warmup_samples:
             return True  # accepted, but a warm-up sample is not used for fitting
-        vals = self._values[sample.job_id].setdefault(n, [])
+        job = sample.job_id
+        vals = self._values[job].setdefault(n, [])
         vals.append(float(x))
         if len(vals) > self.keep_per_count:
             del vals[0]
-        self._version[sample.job_id] += 1
+        else:
+            self._kept[job] += 1
+        self._version[job] += 1
+        self._since_epoch[job] += 1
+        if (len(vals) == self.min_samples
+                or self._since_epoch[job] >= max(4, self._kept[job] // 4)):
+            self._epoch[job] += 1
+            self._since_epoch[job] = 0
         return True
 
     def add_many(self, samples: Iterable[Sample]) -> int:
@@ -128,7 +144,7 @@ class Advisor:
 
     def measured(self, job_id: str) -> dict[int, float]:
         """Per measured node count, the median clean throughput."""
-        v = self._version[job_id]
+        v = self._epoch[job_id]
         hit = self._measured.get(job_id)
         if hit is None or hit[0] != v:
             hit = (v, {n: statistics.median(xs) for n, xs in sorted(self.clean(job_id).items())})
@@ -136,7 +152,7 @@ class Advisor:
         return hit[1]
 
     def own_fit(self, job_id: str) -> ScalingFit | None:
-        v = self._version[job_id]
+        v = self._epoch[job_id]
         hit = self._fits.get(job_id)
         if hit is None or hit[0] != v:
             m = self.measured(job_id)
@@ -149,7 +165,7 @@ class Advisor:
         if not profile:
             return None
         members = sorted(j for j, p in self._profile.items() if p == profile)
-        key = tuple((j, self._version[j]) for j in members)
+        key = tuple((j, self._epoch[j]) for j in members)
         hit = self._shapes.get(profile)
         if hit is not None and hit[0] == key:
             return hit[1]

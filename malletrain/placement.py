@@ -73,10 +73,13 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
         keep = own if want >= len(own) else sorted(own, key=_rank)[:want]
         out[job.job_id] = tuple(n.name for n in keep)
         held.update(out[job.job_id])
-    free = _FreeNodes([n for n in nodes if n.name not in held])
+    index: list[_FreeNodes] = []   # built on first use: most cycles take no node
 
     def take(job_id: str, ntype: str | None, count: int, group: str | None) -> None:
-        got = free.take(ntype if ntype is not None else _any_type(free, count), count, group)
+        if not index:
+            index.append(_FreeNodes([n for n in nodes if n.name not in held]))
+        free = index[0]
+        got = free.take(ntype if ntype is not None else _any_type(free), count, group)
         if len(got) < count:
             raise ValueError(f"placement: job {job_id} needs {count} more nodes of type "
                              f"{ntype}, only {len(got)} free")
@@ -96,7 +99,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
     return out
 
 
-def _any_type(free: _FreeNodes, count: int) -> str:
+def _any_type(free: _FreeNodes) -> str:
     per_type = Counter()
     for (t, _), c in free.count.items():
         per_type[t] += c

@@ -39,6 +39,7 @@ class ReplayOptions:
     seed: int = 0
     noise: float = 0.0
     quiet: bool = True
+    check_invariants: bool = False   # verify simulator state after every cycle (tests)
 
 
 @dataclass
@@ -167,6 +168,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 ev += 1
             if hit:
                 sim.settle_preemptions(hit)
+                if opts.check_invariants:
+                    sim.check()
             while a_i < len(arrivals) and arrivals[a_i].submit_s <= t:
                 waiting.append(arrivals[a_i])
                 a_i += 1
@@ -180,6 +183,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 res = run_cycle(sim, source, core, plan)
                 plan = res.plan
                 decision_ms.append(res.decision_ms)
+                if opts.check_invariants:
+                    sim.check()
             if t >= next_row:
                 _record(sim, t, timeline, progress)
                 next_row = t + row_every

@@ -150,6 +150,17 @@ class SimCluster:
             self.holder.pop(name, None)
         del job.nodes[len(job.nodes) - count:]
 
+    def check(self) -> None:
+        """Raise AssertionError unless the holder map and job node lists agree."""
+        seen = {}
+        for jid, job in self.jobs.items():
+            for n in job.nodes:
+                assert n not in seen, f"{n} held by {seen[n]} and {jid}"
+                seen[n] = jid
+                assert n in self.pool and not self.busy[n], f"{jid} holds busy node {n}"
+                assert job.spec.min_nodes <= len(job.nodes) <= job.spec.max_nodes, jid
+        assert seen == self.holder, "holder map out of sync with job node lists"
+
     # -- backend protocol ---------------------------------------------------
     def observe(self) -> Observation:
         jobs = tuple(JobState(j.spec, tuple(j.nodes), "gpu" if j.nodes else None,
@@ -170,8 +181,10 @@ class SimCluster:
             old = len(job.nodes)
             for n in a.to_nodes:
                 owner = self.holder.get(n)
-                if owner not in (None, a.job_id) or n not in self.pool:
-                    raise ValueError(f"apply: node {n} is not free for {a.job_id}")
+                if n not in self.pool:
+                    raise ValueError(f"apply: node {n} for {a.job_id} is busy (primary job)")
+                if owner not in (None, a.job_id):
+                    raise ValueError(f"apply: node {n} for {a.job_id} is still held by {owner}")
                 self.holder[n] = a.job_id
             old_rate = job.rate
             job.nodes = list(a.to_nodes)
