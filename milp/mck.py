@@ -21,11 +21,14 @@ def solve_mck(problem: Problem) -> Allocation:
     if len(problem.capacity) != 1:
         raise ValueError("the knapsack path needs exactly one node type")
     (ntype, cap), = problem.capacity.items()
-    jobs = problem.jobs
+    # Small jobs first: after k jobs the table is flat beyond the sum of their
+    # largest sizes, so each job only updates that prefix (exact).
+    jobs = sorted(problem.jobs, key=lambda j: max(o.size for o in j.options))
     cap = max(0, min(int(cap), sum(max(o.size for o in j.options) for j in jobs)))
     base = 0.0
     tables = [np.zeros(cap + 1)]
     gains_per_job = []
+    reach = 0
     for j in jobs:
         v0 = j.value_of(0)
         base += v0
@@ -38,8 +41,10 @@ def solve_mck(problem: Problem) -> Allocation:
         gains_per_job.append(gains)
         dp = tables[-1]
         new = dp.copy()
+        reach = min(cap, reach + (gains[-1][0] if gains else 0))
         for s, g in gains:
-            np.maximum(new[s:], dp[:cap + 1 - s] + g, out=new[s:])
+            np.maximum(new[s:reach + 1], dp[:reach + 1 - s] + g, out=new[s:reach + 1])
+        new[reach + 1:] = new[reach]
         tables.append(new)
     sizes: dict[str, tuple[str | None, int]] = {}
     c = cap

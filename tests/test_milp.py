@@ -46,12 +46,20 @@ def brute_force(p):
 
 def test_knapsack_dp_reaches_the_milp_optimum_randomized():
     rng = random.Random(12345)
+    proven = 0
     for _ in range(60):
         p = random_problem(rng)
-        dp, milp = solve_mck(p), solve_count_milp(p, "cbc")
-        assert milp.status == "optimal"
-        assert dp.objective == pytest.approx(milp.objective, rel=1e-7, abs=1e-6)
+        dp = solve_mck(p)
         assert evaluate(p, dp.sizes) == pytest.approx(dp.objective, rel=1e-9, abs=1e-9)
+        for solver in ("cbc", "highs"):
+            milp = solve_count_milp(p, solver, time_limit_s=60.0)
+            # the DP is exact: never below any feasible MILP answer ...
+            assert dp.objective >= milp.objective - 1e-6 * max(1.0, abs(milp.objective))
+            # ... and equal to every proven optimum
+            if milp.status == "optimal":
+                proven += 1
+                assert dp.objective == pytest.approx(milp.objective, rel=1e-7, abs=1e-6)
+    assert proven >= 100  # a loaded machine may let CBC stop early once in a while
 
 
 def test_highs_agrees_with_cbc():
