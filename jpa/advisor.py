@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from jpa.model import ScalingFit, fit_scaling
+from jpa.model import ScalingFit, band, fit_scaling
 from malletrain.model import Curve, CurvePoint
 
 
@@ -186,12 +186,8 @@ class Advisor:
     # -- output ----------------------------------------------------------
     def curve(self, job_id: str, min_nodes: int, max_nodes: int,
               counts: Sequence[int], profile: str = "") -> Curve:
-        """Predicted throughput at ``counts`` plus the next probe, if any.
-
-        Band: ``mean·(1 ± 2σ)`` with ``σ = max(rel_rmse, 2%) · (1 + d)``,
-        ``d`` = log2 distance to the nearest measured count (extrapolation
-        widens the band).
-        """
+        """Predicted throughput at ``counts`` (band: :func:`jpa.model.band`)
+        plus the next count to probe, if any."""
         self.register(job_id, profile or self._profile.get(job_id, ""))
         measured = self.measured(job_id)
         probe = None
@@ -214,14 +210,6 @@ class Advisor:
                 probe = probe_counts(min_nodes, max_nodes, 1)[0]
         if fit is None:
             return Curve(points={}, probe=probe, source="no-data")
-        base = measured or {n: 0.0 for n in fit.counts}
-        sigma0 = max(fit.rel_rmse, 0.02)
-        points = {}
-        for n in counts:
-            if n <= 0:
-                continue
-            mean = fit.throughput(n)
-            d = min(abs(math.log2(n / m)) for m in base) if base else 3.0
-            s = sigma0 * (1.0 + d)
-            points[n] = CurvePoint(mean, max(0.0, mean * (1 - 2 * s)), mean * (1 + 2 * s))
+        base = list(measured) or list(fit.counts)
+        points = {n: CurvePoint(*band(fit, n, base)) for n in counts if n > 0}
         return Curve(points=points, probe=probe, source=source)

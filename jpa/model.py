@@ -94,3 +94,13 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
     return ScalingFit(float(coef[0]), float(coef[1]), float(coef[2]),
                       rel_rmse=math.sqrt(res / len(taus)),
                       counts=tuple(sorted(set(int(n) for n in counts))))
+
+
+def band(fit: ScalingFit, n: int, measured: "Sequence[int]") -> tuple[float, float, float]:
+    """(mean, low, high) at ``n`` nodes: ``mean·(1 ± 2σ)`` with
+    ``σ = max(rel_rmse, 2%) · (1 + d)`` and ``d`` the log2 distance from ``n``
+    to the nearest measured count (extrapolation widens the band)."""
+    mean = fit.throughput(n)
+    d = min(abs(math.log2(n / m)) for m in measured) if measured else 3.0
+    s = max(fit.rel_rmse, 0.02) * (1.0 + d)
+    return mean, max(0.0, mean * (1 - 2 * s)), mean * (1 + 2 * s)

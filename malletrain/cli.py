@@ -198,8 +198,9 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_jpa_predict(args) -> int:
-    from jpa.model import fit_scaling
-    from malletrain.model import CurvePoint  # noqa: F401  (documented output shape)
+    import statistics
+
+    from jpa.model import band, fit_scaling
     try:
         counts = [int(x) for x in args.nodes.split(",") if x.strip()]
     except ValueError:
@@ -210,17 +211,12 @@ def _cmd_jpa_predict(args) -> int:
     by: dict[int, list[float]] = {}
     for n, x in rows:
         by.setdefault(n, []).append(x)
-    import statistics
     med = {n: statistics.median(v) for n, v in sorted(by.items())}
     fit = fit_scaling(list(med), list(med.values()), terms=len(med))
-    sigma0 = max(fit.rel_rmse, 0.02)
     out = {}
     for n in counts:
-        mean = fit.throughput(n)
-        d = min(abs(math.log2(n / m)) for m in med)
-        s = sigma0 * (1 + d)
-        out[str(n)] = {"mean": round(mean, 6), "low": round(max(0.0, mean * (1 - 2 * s)), 6),
-                       "high": round(mean * (1 + 2 * s), 6)}
+        mean, low, high = band(fit, n, list(med))
+        out[str(n)] = {"mean": round(mean, 6), "low": round(low, 6), "high": round(high, 6)}
     print(json.dumps(out))
     return 0
 

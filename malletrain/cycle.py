@@ -26,6 +26,29 @@ class CycleResult:
     plan: Plan
     actions: tuple[Action, ...]
     decision_ms: float
+    reused: bool = False      # inputs unchanged: the previous plan stands
+
+
+@dataclass
+class CycleMemo:
+    """The last decision's inputs, so an unchanged cycle reuses its plan.
+
+    ``decide`` is deterministic; when the backend's generation, every curve
+    object (held here, compared by identity) and the set of pinned jobs are
+    unchanged, the plan would be the same and is not recomputed.
+    """
+
+    generation: int | None = None
+    curves: tuple = ()
+    pins: tuple = ()
+    plan: Plan | None = None
+
+
+def _pins(snapshot: Snapshot, config: CoreConfig) -> tuple:
+    now = snapshot.now_s
+    return tuple((j.job_id, j.paused_until_s > now,
+                  config.min_dwell_s > 0 and j.last_change_s is not None
+                  and now - j.last_change_s < config.min_dwell_s) for j in snapshot.jobs)
 
 
 def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
@@ -54,15 +77,27 @@ def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
 
 
 def run_cycle(backend: Backend, source: CurveSource, config: CoreConfig,
-              previous: Plan | None = None) -> CycleResult:
+              previous: Plan | None = None, memo: CycleMemo | None = None) -> CycleResult:
     obs = backend.observe()
     source.ingest(obs.samples, obs.profiles, obs.finished)
     t0 = time.perf_counter()
     curves = source.curves(obs.snapshot)
+    if memo is not None and obs.generation is not None:
+        cur = tuple(curves.items())
+        if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
+                and len(cur) == len(memo.curves)
+                and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cur, memo.curves))):
+            return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
     plan = decide(obs.snapshot, curves, config, previous)
     ms = (time.perf_counter() - t0) * 1000.0
     actions = reconcile(obs.snapshot, plan)
     backend.apply(actions)
+    if memo is not None and obs.generation is not None:
+        if actions:   # our own changes moved the state: decide afresh next cycle
+            memo.plan = None
+        else:
+            memo.generation, memo.curves, memo.pins, memo.plan = (
+                obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), plan)
     return CycleResult(plan, actions, ms)
 
 

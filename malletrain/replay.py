@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from malletrain.config import CoreConfig
-from malletrain.cycle import run_cycle
+from malletrain.cycle import CycleMemo, run_cycle
 from malletrain.model import JobSpec, Plan
 from malletrain.policy import CurveSource
 from malletrain.traces import NodeTrace
@@ -131,6 +131,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     timeline: list[tuple] = []
     progress: dict[str, list[tuple[float, float]]] = {}
     plan: Plan | None = None
+    memo = CycleMemo()
+    reused = 0
     interval = opts.interval_s
     next_tick = trace.start_s
     row_every = max(interval, (trace.end_s - trace.start_s) / 20000.0)
@@ -180,9 +182,12 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 sim.report_samples()
                 next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval
             if sim.jobs:
-                res = run_cycle(sim, source, core, plan)
+                res = run_cycle(sim, source, core, plan, memo)
                 plan = res.plan
-                decision_ms.append(res.decision_ms)
+                if res.reused:
+                    reused += 1
+                else:
+                    decision_ms.append(res.decision_ms)
                 if opts.check_invariants:
                     sim.check()
             if t >= next_row:
@@ -192,8 +197,10 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
         _record(sim, sim.now, timeline, progress)
     finally:
         bar.close()
-    return _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, works,
-                   time.perf_counter() - wall0)
+    result = _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, works,
+                     time.perf_counter() - wall0)
+    result.summary["decisions_reused"] = reused
+    return result
 
 
 def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
@@ -242,7 +249,7 @@ def _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, wo
         "starts": c.starts,
         "stops": c.stops,
         "preemptions": c.preemptions,
-        "decisions": len(decision_ms),
+        "decisions": len(decision_ms),   # decide() runs; unchanged cycles: decisions_reused
         "decision_ms_p50": _pct(decision_ms, 0.50),
         "decision_ms_p95": _pct(decision_ms, 0.95),
         "decision_ms_mean": statistics.fmean(decision_ms) if decision_ms else 0.0,

@@ -20,6 +20,9 @@ class Observation:
     samples: tuple[Sample, ...] = ()
     finished: tuple[str, ...] = ()
     profiles: dict = field(default_factory=dict)   # job_id -> profile key
+    # Changes whenever anything decide() reads changes (nodes, jobs, sizes);
+    # None: the backend cannot tell, decide every cycle.
+    generation: int | None = None
 
 
 class Backend(Protocol):

@@ -67,6 +67,7 @@ class SimCluster:
         self._samples: list[Sample] = []
         self._finished: list[str] = []
         self._profiles: dict[str, str] = {}
+        self.generation = 0   # bumped by every change decide() could see
 
     # -- clock -----------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -97,6 +98,7 @@ class SimCluster:
             # resolve smaller steps, and the loop would not advance.
             if job.work - job.done <= max(1e-9 * job.work, job.rate * 1e-3):
                 job.completed_at = self.now
+                self.generation += 1
                 self._release(job, len(job.nodes))
                 self.done_jobs[jid] = self.jobs.pop(jid)
                 self._finished.append(jid)
@@ -106,6 +108,7 @@ class SimCluster:
     # -- primary workload ------------------------------------------------
     def set_node(self, name: str, busy: bool, window_end_s: float | None = None) -> str | None:
         """Apply one trace event; returns the job id it preempted, if any."""
+        self.generation += 1
         self.busy[name] = busy
         if not busy:
             self.pool[name] = Node(name, window_end_s=window_end_s)
@@ -120,6 +123,7 @@ class SimCluster:
 
     def settle_preemptions(self, hit: dict[str, int]) -> None:
         """Shrink or stop each job that lost ``hit[job]`` nodes at this instant."""
+        self.generation += 1
         for jid, lost in hit.items():
             job = self.jobs[jid]
             old_rate = job.truth(len(job.nodes) + lost)
@@ -135,6 +139,7 @@ class SimCluster:
 
     # -- jobs ---------------------------------------------------------------
     def admit(self, spec: JobSpec, truth: Callable[[int], float], work: float) -> None:
+        self.generation += 1
         self.jobs[spec.job_id] = SimJob(spec, truth, work)
         self._profiles[spec.job_id] = spec.profile
 
@@ -166,12 +171,15 @@ class SimCluster:
         jobs = tuple(JobState(j.spec, tuple(j.nodes), "gpu" if j.nodes else None,
                               j.paused_until, j.last_change) for j in self.jobs.values())
         obs = Observation(Snapshot(self.now, tuple(self.pool.values()), jobs),
-                          tuple(self._samples), tuple(self._finished), dict(self._profiles))
+                          tuple(self._samples), tuple(self._finished), dict(self._profiles),
+                          self.generation)
         self._samples, self._finished, self._profiles = [], [], {}
         return obs
 
     def apply(self, actions: Sequence[Action]) -> None:
         """Release every node the plan takes away, then hand out new ones."""
+        if actions:
+            self.generation += 1
         for a in actions:
             for n in self.jobs[a.job_id].nodes:
                 if n not in a.to_nodes and self.holder.get(n) == a.job_id:

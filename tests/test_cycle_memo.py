@@ -1,0 +1,36 @@
+"""Reusing the plan of an unchanged cycle must not change any result."""
+import random
+
+import pytest
+
+from malletrain.config import CoreConfig
+from malletrain.replay import ReplayOptions, run_replay
+from test_stress import random_trace, random_workload
+
+import malletrain.replay as replay_mod
+
+
+@pytest.mark.parametrize("policy", ["malletrain", "oracle", "static"])
+def test_memo_gives_identical_results(policy, monkeypatch):
+    reused = 0
+    for seed in range(8):
+        rng = random.Random(100 + seed)
+        trace = random_trace(rng, rng.randint(2, 16), 6000)
+        workload = random_workload(rng, rng.randint(1, 6))
+        opts = ReplayOptions(core=CoreConfig(policy=policy, min_dwell_s=rng.choice([0.0, 90.0])),
+                             interval_s=30.0, noise=0.05, seed=seed, check_invariants=True)
+        with_memo = run_replay(trace, workload, opts).summary
+        reused += with_memo["decisions_reused"]
+
+        class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
+            def __setattr__(self, k, v):
+                object.__setattr__(self, k, None if k == "plan" else v)
+        monkeypatch.setattr(replay_mod, "CycleMemo", NoMemo)
+        without = run_replay(trace, workload, opts).summary
+        monkeypatch.undo()
+        for s in (with_memo, without):
+            for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean",
+                      "decisions", "decisions_reused"):
+                s.pop(k)
+        assert with_memo == without
+    assert reused > 0   # the memo was exercised
