@@ -85,16 +85,23 @@ class Advisor:
         self._profile[job_id] = profile
 
     def version(self, job_id: str) -> tuple:
-        """Changes when the job's curve should be refitted (own or profile data).
+        """Changes when the job's curve should be refitted.
 
         A job's *epoch* advances when a count first has ``min_samples`` clean
         samples, or once it added a quarter more samples (at least 4) since the
-        last epoch; a settled curve is not refitted for every new sample.
+        last epoch; a settled curve is not refitted for every new sample.  A job
+        that still borrows its profile's shape (< 3 measured counts) also
+        depends on the epochs of the profile's fully measured members.
         """
-        prof = self._profile.get(job_id, "")
-        peers = tuple(self._epoch[j] for j, p in sorted(self._profile.items())
-                      if prof and p == prof and j != job_id)
-        return (self._epoch[job_id], peers)
+        if len(self.measured(job_id)) >= 3:
+            return (self._epoch[job_id], None)
+        return (self._epoch[job_id], self._shape_key(self._profile.get(job_id, "")))
+
+    def _shape_key(self, profile: str) -> tuple:
+        if not profile:
+            return ()
+        return tuple((j, self._epoch[j]) for j, p in sorted(self._profile.items())
+                     if p == profile and len(self.measured(j)) >= 3)
 
     def add(self, sample: Sample) -> bool:
         """Record one sample; returns False (and counts it) when rejected."""
@@ -164,13 +171,11 @@ class Advisor:
         """The profile's shared shape: pooled over its jobs with ≥3 counts."""
         if not profile:
             return None
-        members = sorted(j for j, p in self._profile.items() if p == profile)
-        key = tuple((j, self._epoch[j]) for j in members)
+        key = self._shape_key(profile)
         hit = self._shapes.get(profile)
         if hit is not None and hit[0] == key:
             return hit[1]
-        full = [(j, self.measured(j)) for j in members]
-        full = [(j, m) for j, m in full if len(m) >= 3]
+        full = [(j, self.measured(j)) for j, _ in key]
         shape = None
         if full:
             ref = max(full, key=lambda jm: (len(jm[1]), jm[0]))

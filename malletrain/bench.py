@@ -214,12 +214,13 @@ def bench_replay(args) -> int:
     s = result.summary
     res = {"trace": label, "nodes": len(trace.nodes), "events": trace.n_events, "jobs": args.jobs,
            "load_s": t_load, "replay_wall_s": s["wall_s"], "decisions": s["decisions"],
+           "decisions_reused": s["decisions_reused"], "trace_span_days": span / 86400,
            "decision_ms_p50": s["decision_ms_p50"], "decision_ms_p95": s["decision_ms_p95"],
            "useful_samples": s["useful_samples"], "jobs_completed": s["jobs_completed"],
            "harvested_fraction": s["harvested_fraction"]}
     _emit(res, args.json, [f"replay {label}: {trace.n_events:,} events, {args.jobs} jobs, policy "
                            f"{args.policy}: load {t_load:.1f} s, replay {s['wall_s']:.1f} s wall, "
-                           f"{s['decisions']:,} decisions (p50 {s['decision_ms_p50']:.2f} ms, p95 "
+                           f"{s['decisions']:,} decisions + {s['decisions_reused']:,} unchanged cycles (p50 {s['decision_ms_p50']:.2f} ms, p95 "
                            f"{s['decision_ms_p95']:.2f} ms), {s['jobs_completed']} jobs done, harvested "
                            f"{100 * s['harvested_fraction']:.1f}%"])
     return 0
