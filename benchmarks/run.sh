@@ -13,17 +13,17 @@ run allocator-summit malletrain bench allocator --nodes 4734 --jobs 100 --repeat
 run allocator-10k    malletrain bench allocator --nodes 10000 --jobs 1000 --repeat 10
 run compare          malletrain bench compare --sizes 10x64,20x128 --repeat 3
 run jpa              malletrain bench jpa --data "$DATA"
-run replay-15d       malletrain bench replay --data "$DATA"
-run replay-theta     malletrain bench replay --data "$DATA" --trace "$DATA/traces/theta_2022.swf"
+run replay-15d       malletrain bench replay --data "$DATA" --json
+run replay-theta     malletrain bench replay --data "$DATA" --trace "$DATA/traces/theta_2022.swf" --json
 # Quality: two real traces, one workload each, every policy.
 malletrain example --data "$DATA" --out "$RES/philly"
 run quality-philly   malletrain bench quality --trace "$RES/philly/philly-1day.csv.gz" \
-    --workload "$RES/philly/workload-pollux.yaml"
+    --workload "$RES/philly/workload-pollux.yaml" --max-jobs 10
 python - "$DATA" "$RES/theta-workload.yaml" <<'PY'
 import sys
 from malletrain.datasets import make_workload, write_workload
-write_workload(make_workload(sys.argv[1], 40, 36 * 3600, seed=11, work_node_hours=(10, 80)), sys.argv[2])
+write_workload(make_workload(sys.argv[1], 30, 36 * 3600, seed=11, work_node_hours=(5, 40)), sys.argv[2])
 PY
 run quality-theta    malletrain bench quality --trace "$DATA/traces/theta_2022.swf" \
-    --workload "$RES/theta-workload.yaml" --nodes 256 \
+    --workload "$RES/theta-workload.yaml" --nodes 128 --max-jobs 10 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z

@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="malletrain: %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "replay":
             return _cmd_replay(args)

@@ -5,6 +5,7 @@ the decision latency; ``decide`` and ``reconcile`` do no I/O.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -15,6 +16,9 @@ from malletrain.errors import MalletrainError
 from malletrain.model import Action, Plan, Snapshot
 from malletrain.policy import CurveSource
 from slurm.backend import Backend
+
+
+log = logging.getLogger("malletrain.cycle")
 
 
 class PlanError(MalletrainError):
@@ -90,6 +94,8 @@ def run_cycle(backend: Backend, source: CurveSource, config: CoreConfig,
             return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
     plan = decide(obs.snapshot, curves, config, previous)
     ms = (time.perf_counter() - t0) * 1000.0
+    for note in plan.notes:   # solver timeouts, fallbacks: say why
+        log.warning("t=%.0f %s", obs.snapshot.now_s, note)
     actions = reconcile(obs.snapshot, plan)
     backend.apply(actions)
     if memo is not None and obs.generation is not None:

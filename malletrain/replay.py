@@ -133,6 +133,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     plan: Plan | None = None
     memo = CycleMemo()
     reused = 0
+    notes: list[str] = []
     interval = opts.interval_s
     next_tick = trace.start_s
     row_every = max(interval, (trace.end_s - trace.start_s) / 20000.0)
@@ -188,6 +189,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                     reused += 1
                 else:
                     decision_ms.append(res.decision_ms)
+                    notes.extend(res.plan.notes)
                 if opts.check_invariants:
                     sim.check()
             if t >= next_row:
@@ -200,6 +202,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     result = _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, works,
                      time.perf_counter() - wall0)
     result.summary["decisions_reused"] = reused
+    result.summary["solver_notes"] = len(notes)          # timeouts, fallbacks, kept plans
+    result.summary["solver_notes_first"] = notes[:5]
     return result
 
 

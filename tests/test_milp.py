@@ -178,3 +178,21 @@ def test_bftrainer_keeps_allocation_when_solver_gives_no_optimum(monkeypatch):
     assert res.status == "kept" and "allocation unchanged" in res.notes[0]
     for j in jobs:
         assert res.nodes[j.job_id] == j.current
+
+
+def test_fallback_note_reaches_the_log_and_the_summary(monkeypatch, caplog, tmp_path):
+    """A solver failure inside a replay is logged and counted, not hidden."""
+    import milp.solve as solve_mod
+    from malletrain.config import CoreConfig
+    from malletrain.replay import ReplayOptions, run_replay
+    from test_stress import random_trace, random_workload
+
+    def boom(*a, **k):
+        raise RuntimeError("cbc exploded")
+    monkeypatch.setattr(solve_mod, "solve_count_milp", boom)
+    rng = random.Random(4)
+    res = run_replay(random_trace(rng, 8, 3000), random_workload(rng, 3),
+                     ReplayOptions(core=CoreConfig(policy="oracle", allocator="cbc")))
+    assert res.summary["solver_notes"] > 0
+    assert "cbc exploded" in res.summary["solver_notes_first"][0]
+    assert any("fell back to greedy" in r.getMessage() for r in caplog.records)
