@@ -14,8 +14,9 @@ Cleaning rules
 
 Prior sharing: jobs with the same ``profile`` key (HPO trials of one model)
 share a *shape*.  A job with fewer than 3 measured counts whose profile has a
-fitted shape uses that shape, scaled to its own measurements; it needs no
-more probing.  A job with no measurement and no profile shape is probed.
+fitted shape uses that shape — as it is before the job has data, scaled to its
+own measurements after — and is never probed.  A job with no profile shape is
+probed at up to 3 counts.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from jpa.model import ScalingFit, band, fit_scaling
+from jpa.model import ScalingFit, anchored, band, fit_scaling
 from malletrain.model import Curve, CurvePoint
 
 
@@ -78,6 +79,7 @@ class Advisor:
         self._measured: dict[str, tuple[int, dict[int, float]]] = {}
         self._fits: dict[str, tuple[int, ScalingFit | None]] = {}
         self._shapes: dict[str, tuple[tuple, ScalingFit | None]] = {}
+        self._pooled: dict[str, dict[int, float]] = {}   # profile -> normalised medians
         self.rejected = 0
 
     # -- input -----------------------------------------------------------
@@ -176,7 +178,7 @@ class Advisor:
         if hit is not None and hit[0] == key:
             return hit[1]
         full = [(j, self.measured(j)) for j, _ in key]
-        shape = None
+        shape, pooled = None, {}
         if full:
             ref = max(full, key=lambda jm: (len(jm[1]), jm[0]))
             ref_fit = fit_scaling(list(ref[1]), list(ref[1].values()))
@@ -186,7 +188,12 @@ class Advisor:
                 counts += list(m)
                 xs += [x / k for x in m.values()]
             shape = fit_scaling(counts, xs)
+            by_count: dict[int, list[float]] = defaultdict(list)
+            for n, x in zip(counts, xs):
+                by_count[n].append(x)
+            pooled = {n: statistics.median(v) for n, v in by_count.items()}
         self._shapes[profile] = (key, shape)
+        self._pooled[profile] = pooled
         return shape
     # -- output ----------------------------------------------------------
     def curve(self, job_id: str, min_nodes: int, max_nodes: int,
@@ -194,27 +201,38 @@ class Advisor:
         """Predicted throughput at ``counts`` (band: :func:`jpa.model.band`)
         plus the next count to probe, if any."""
         self.register(job_id, profile or self._profile.get(job_id, ""))
+        prof = self._profile.get(job_id, "")
         measured = self.measured(job_id)
         probe = None
         fit = None
         source = "fit"
-        shape = self.shape(self._profile.get(job_id, ""))
+        anchors: dict[int, float] = dict(measured)
+        shape = self.shape(prof)
         if len(measured) >= 3:
             fit = self.own_fit(job_id)
-        elif shape is not None and measured:
-            k = statistics.median(x * shape.time_per_sample(n) for n, x in measured.items())
-            fit, source = shape.rescaled(1.0 / k) if k > 0 else shape, "profile-prior"
+        elif shape is not None:
+            # scale factor of this trial relative to the profile's reference
+            k = (statistics.median(x * shape.time_per_sample(n) for n, x in measured.items())
+                 if measured else 1.0)
+            fit, source = (shape.rescaled(1.0 / k) if k > 0 else shape), "profile-prior"
+            anchors = {n: k * x for n, x in self._pooled.get(prof, {}).items()}
+            anchors.update(measured)
         else:
             wanted = [n for n in probe_counts(min_nodes, max_nodes, self.max_probes)
                       if n not in measured]
             probe = wanted[0] if wanted else None
             if measured:
                 fit, source = self.own_fit(job_id), "partial-fit"
-            elif shape is not None:
-                fit, source = shape, "profile-prior"
-                probe = probe_counts(min_nodes, max_nodes, 1)[0]
         if fit is None:
             return Curve(points={}, probe=probe, source="no-data")
-        base = list(measured) or list(fit.counts)
-        points = {n: CurvePoint(*band(fit, n, base)) for n in counts if n > 0}
+        predict = anchored(fit, anchors)
+        near = list(measured) or list(anchors) or list(fit.counts)
+        points = {}
+        for n in counts:
+            if n <= 0:
+                continue
+            mean_fit, low, high = band(fit, n, near)
+            mean = predict(n)
+            r = mean / mean_fit if mean_fit > 0 else 1.0
+            points[n] = CurvePoint(mean, low * r, high * r)
         return Curve(points=points, probe=probe, source=source)

@@ -104,3 +104,26 @@ def band(fit: ScalingFit, n: int, measured: "Sequence[int]") -> tuple[float, flo
     d = min(abs(math.log2(n / m)) for m in measured) if measured else 3.0
     s = max(fit.rel_rmse, 0.02) * (1.0 + d)
     return mean, max(0.0, mean * (1 - 2 * s)), mean * (1 + 2 * s)
+
+
+def anchored(fit: ScalingFit, points: "dict[int, float]"):
+    """Predictor that honours measurements: the measured value at a measured
+    count, linear interpolation between measured counts (real curves are not
+    smooth), and outside the measured range the nearest measurement scaled by
+    the model's ratio ``fit(n) / fit(m)``."""
+    ks = sorted(points)
+
+    def predict(n: int) -> float:
+        if not ks:
+            return fit.throughput(n)
+        if n in points:
+            return points[n]
+        if ks[0] < n < ks[-1]:
+            i = next(i for i, k in enumerate(ks) if k > n)
+            lo, hi = ks[i - 1], ks[i]
+            w = (n - lo) / (hi - lo)
+            return points[lo] * (1 - w) + points[hi] * w
+        m = ks[0] if n < ks[0] else ks[-1]
+        base = fit.throughput(m)
+        return points[m] * fit.throughput(n) / base if base > 0 else fit.throughput(n)
+    return predict

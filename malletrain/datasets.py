@@ -4,7 +4,9 @@
   Apache-2.0): samples/s = replicas · local_bsz / step_time, median over
   placements, one curve per (app, local batch).
 * :func:`make_workload` – a seeded stream of malleable jobs whose ground-truth
-  curves are those measurements (one node = one replica).
+  curves are those measurements; a node has ``GPUS_PER_NODE`` = 4 GPUs, as
+  Pollux's machines did, so n nodes run 4·n replicas (only replica counts that
+  are multiples of 4 are used; 1 node is extrapolated from 6 replicas).
 * :func:`philly_trace` – the Philly per-minute active/total node counts
   (HeliosArtifact, MIT) turned into per-node events (most recently freed node
   is taken first).
@@ -28,6 +30,7 @@ from malletrain.timeutil import iso, parse_time
 from malletrain.traces import NodeTrace, _assign_first_fit
 
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+GPUS_PER_NODE = 4
 
 
 def default_data_dir() -> str:
@@ -74,11 +77,12 @@ def make_workload(data_dir: str, n_jobs: int, span_s: float, seed: int = 0,
     t = 0.0
     for i in range(n_jobs):
         app = APPS[rng.randrange(len(APPS))]
-        curve = curves[app]
-        lo = min(curve)
-        max_nodes = rng.choice([8, 16, 32, 64])
-        min_nodes = rng.choice([1, 2, 4])
+        reps = curves[app]
+        curve = {n // GPUS_PER_NODE: x for n, x in reps.items() if n % GPUS_PER_NODE == 0}
+        max_nodes = rng.choice([4, 8, 12, 16])
+        min_nodes = rng.choice([1, 1, 2])
         # Work in samples: node-hours of throughput at the smallest measured count.
+        lo = min(curve)
         per_node = curve[lo] / lo
         work = per_node * 3600 * rng.uniform(*work_node_hours)
         jobs.append({
@@ -86,7 +90,7 @@ def make_workload(data_dir: str, n_jobs: int, span_s: float, seed: int = 0,
             "max_nodes": max_nodes, "work": round(work, 1),
             "rescale_up_s": rng.choice([20, 30, 60]), "rescale_down_s": rng.choice([5, 10, 20]),
             "profile": app,
-            "throughput": {int(n): round(x, 3) for n, x in curve.items() if n <= max_nodes * 2},
+            "throughput": {int(n): round(x, 3) for n, x in sorted(curve.items())},
         })
         t += rng.expovariate(n_jobs / span_s)
     return {"jobs": jobs}
