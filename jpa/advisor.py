@@ -80,11 +80,21 @@ class Advisor:
         self._fits: dict[str, tuple[int, ScalingFit | None]] = {}
         self._shapes: dict[str, tuple[tuple, ScalingFit | None]] = {}
         self._pooled: dict[str, dict[int, float]] = {}   # profile -> normalised medians
+        self._members: dict[str, list[str]] = defaultdict(list)
+        self._profile_epoch: dict[str, int] = defaultdict(int)  # bumps with full members
         self.rejected = 0
 
     # -- input -----------------------------------------------------------
     def register(self, job_id: str, profile: str) -> None:
+        old = self._profile.get(job_id)
+        if old == profile:
+            return
+        if old is not None:
+            self._members[old].remove(job_id)
+            self._profile_epoch[old] += 1
         self._profile[job_id] = profile
+        self._members[profile].append(job_id)
+        self._profile_epoch[profile] += 1
 
     def version(self, job_id: str) -> tuple:
         """Changes when the job's curve should be refitted.
@@ -100,10 +110,10 @@ class Advisor:
         return (self._epoch[job_id], self._shape_key(self._profile.get(job_id, "")))
 
     def _shape_key(self, profile: str) -> tuple:
-        if not profile:
-            return ()
-        return tuple((j, self._epoch[j]) for j, p in sorted(self._profile.items())
-                     if p == profile and len(self.measured(j)) >= 3)
+        return (profile, self._profile_epoch[profile]) if profile else ()
+
+    def _full_members(self, profile: str) -> list[str]:
+        return sorted(j for j in self._members.get(profile, ()) if len(self.measured(j)) >= 3)
 
     def add(self, sample: Sample) -> bool:
         """Record one sample; returns False (and counts it) when rejected."""
@@ -134,6 +144,9 @@ class Advisor:
                 or self._since_epoch[job] >= max(4, self._kept[job] // 4)):
             self._epoch[job] += 1
             self._since_epoch[job] = 0
+            prof = self._profile.get(job, "")
+            if prof and len(self.measured(job)) >= 3:
+                self._profile_epoch[prof] += 1   # the profile's shape may change
         return True
 
     def add_many(self, samples: Iterable[Sample]) -> int:
@@ -177,7 +190,7 @@ class Advisor:
         hit = self._shapes.get(profile)
         if hit is not None and hit[0] == key:
             return hit[1]
-        full = [(j, self.measured(j)) for j, _ in key]
+        full = [(j, self.measured(j)) for j in self._full_members(profile)]
         shape, pooled = None, {}
         if full:
             ref = max(full, key=lambda jm: (len(jm[1]), jm[0]))
