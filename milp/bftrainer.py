@@ -94,8 +94,10 @@ def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
         kept = {j.job_id: tuple(n for n in j.current if n in free) for j in jobs}
         kept = {k: (v if len(v) >= next(j.min_nodes for j in jobs if j.job_id == k) else ())
                 for k, v in kept.items()}
+        why = ("stopped at its time limit with an unproven incumbent" if status == "Optimal"
+               else f"found no solution (status {status})")
         return NodeAllocation(kept, float("nan"), "kept",
-                              (f"bftrainer: {solver} gave no proven optimum within "
-                               f"{time_limit_s:g} s (status {status}); allocation unchanged",))
+                              (f"bftrainer: {solver} {why} ({time_limit_s:g} s limit); "
+                               "allocation unchanged",))
     out = {jid: tuple(n for n in nodes if (xs[n].value() or 0) > 0.5) for jid, xs in x.items()}
     return NodeAllocation(out, float(pulp.value(prob.objective) or 0.0), "optimal")
