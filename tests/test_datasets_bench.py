@@ -1,0 +1,100 @@
+"""Workload/trace builders and the benchmark commands, on small self-made data."""
+import json
+import os
+
+import pytest
+
+from malletrain.cli import main
+from malletrain.datasets import (APPS, full_curves, make_workload, philly_events, synthetic_trace,
+                                 write_events, write_workload)
+from malletrain.replay import idle_node_seconds
+from malletrain.traces import load_trace
+from malletrain.workload import load_workload
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A miniature shared/data: Pollux-shaped curves for every app, a Philly sequence."""
+    for i, app in enumerate(APPS):
+        d = tmp_path / "scalability" / "pollux" / app
+        d.mkdir(parents=True)
+        rows = ["num_nodes,num_replicas,local_bsz,step_time,sync_time"]
+        for reps in (4, 6, 8, 12, 16, 24, 32, 48, 64):
+            for nodes in (reps // 4 or 1, reps // 2 or 1):
+                step = 0.1 * (1 + 0.02 * i) * (1 + 0.05 * reps ** 0.5)
+                rows.append(f"{nodes},{reps},32,{step:.6f},0.01")
+        (d / "scalability.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "idle").mkdir()
+    seq = ["time,active,total"] + [f"2017-10-10 00:{m:02d}:00,{5 + (m % 4)},10" for m in range(30)]
+    (tmp_path / "idle" / "philly-node-sequence.csv").write_text("\n".join(seq) + "\n")
+    return str(tmp_path)
+
+
+def test_workload_uses_4_gpu_nodes_and_loads(data_dir, tmp_path):
+    curves = full_curves(data_dir)
+    assert set(curves) == set(APPS)
+    doc = make_workload(data_dir, 12, 3600, seed=3)
+    assert make_workload(data_dir, 12, 3600, seed=3) == doc            # seeded
+    path = tmp_path / "w.yaml"
+    write_workload(doc, str(path))
+    jobs = load_workload(str(path))
+    assert len(jobs) == 12
+    for j in jobs:
+        assert j.min_nodes <= j.max_nodes and j.work > 0
+        # n nodes = 4n replicas: 8 replicas -> 2 nodes
+        app = j.name.rsplit("-", 1)[0]
+        assert j.truth(2) == pytest.approx(curves[app][8], rel=1e-3)
+
+
+def test_philly_events_reproduce_the_counts(data_dir, tmp_path):
+    rows = philly_events(data_dir, "2017-10-10T00:00:00Z", 0.5)
+    path = tmp_path / "p.csv.gz"
+    write_events(rows, str(path))
+    tr = load_trace(str(path))
+    assert len(tr.nodes) == 10
+    assert int(tr.initial_busy.sum()) == 5
+    busy = tr.initial_busy.copy()
+    for t, i, b in zip(tr.times, tr.node_idx, tr.busy):
+        busy[i] = b
+    assert int(busy.sum()) == 5 + (29 % 4)   # the last minute's active count
+
+
+def test_synthetic_trace_size_and_idle():
+    tr = synthetic_trace(200, 2.0, 20_000, seed=1)
+    assert len(tr.nodes) == 200 and 0 < tr.n_events <= 20_000 + 400
+    frac = idle_node_seconds(tr) / (200 * (tr.end_s - tr.start_s))
+    assert 0.0 < frac < 0.6
+    assert (tr.times[1:] >= tr.times[:-1]).all()
+
+
+def test_example_builder(data_dir, tmp_path):
+    out = tmp_path / "ex"
+    assert main(["example", "--data", data_dir, "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["philly-1day.csv.gz", "workload-pollux.yaml"]
+
+
+def test_bench_allocator_and_compare_print_figures(capsys):
+    assert main(["bench", "allocator", "--nodes", "200", "--jobs", "8", "--repeat", "3", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["decision_ms_p95"] >= res["decision_ms_p50"] > 0 and res["objective"] > 0
+    assert main(["bench", "compare", "--sizes", "3x12", "--repeat", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["bftrainer_status"] == "optimal"
+    assert abs(row["gap_bftrainer_vs_dp"]) < 1e-6
+
+
+def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
+    assert main(["bench", "jpa", "--data", data_dir, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["mape_near"] < 5.0      # the miniature curves are smooth
+    assert main(["bench", "replay", "--nodes", "64", "--days", "0.5", "--events", "2000",
+                 "--jobs", "5", "--data", data_dir, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["events"] > 0 and res["decisions"] > 0
+    doc = make_workload(data_dir, 4, 1800, seed=1)
+    write_workload(doc, str(tmp_path / "w.yaml"))
+    write_events(philly_events(data_dir, "2017-10-10T00:00:00Z", 0.5), str(tmp_path / "p.csv"))
+    assert main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
+                 str(tmp_path / "w.yaml"), "--policies", "malletrain,oracle,static", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["policy"] for r in rows] == ["malletrain", "oracle", "static"]
