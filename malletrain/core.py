@@ -66,7 +66,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     targets: dict[str, tuple[str | None, int]] = {}
     reasons: dict[str, str] = {}
     notes: list[str] = []
-    live = [j for j in snapshot.jobs]
+    live = list(snapshot.jobs)
     # Jobs whose nodes left the pool already lost them (the backend shrank them).
     held_now = {j.job_id: tuple(n for n in j.nodes if n in pool) for j in live}
     jobs = [JobState(j.spec, held_now[j.job_id], j.node_type, j.paused_until_s, j.last_change_s)
@@ -225,10 +225,11 @@ def _bftrainer_plan(snapshot, jobs, free_jobs, curves, cfg, targets, reasons, po
         if j.job_id in targets:
             out[j.job_id] = j.nodes[:targets[j.job_id][1]]
         else:
-            out.setdefault(j.job_id, ())
-            curve = curves.get(j.job_id)
-            reasons[j.job_id] = _reason(j, len(out[j.job_id]), curve, cfg,
-                                        Problem((), {}))
+            n = len(out.setdefault(j.job_id, ()))
+            if n == 0 and j.size == 0:
+                reasons[j.job_id] = "wait: BFTrainer's MILP gave it no nodes"
+            else:
+                reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), cfg, Problem((), {}))
     live = list(snapshot.jobs)
     return Plan(snapshot.now_s, out, _actions(live, out, reasons), objective,
                 "bftrainer-cbc", notes)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
-
 from malletrain.config import CoreConfig
 from malletrain.core import decide
 from malletrain.errors import MalletrainError
@@ -105,9 +103,3 @@ def run_cycle(backend: Backend, source: CurveSource, config: CoreConfig,
             memo.generation, memo.curves, memo.pins, memo.plan = (
                 obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), plan)
     return CycleResult(plan, actions, ms)
-
-
-def apply_order(actions: Sequence[Action]) -> list[Action]:
-    """Release before acquire: stops and shrinks first, then grows and starts."""
-    rank = {"stop": 0, "shrink": 1, "grow": 2, "start": 3}
-    return sorted(actions, key=lambda a: rank.get(a.kind.value, 4))
