@@ -72,7 +72,6 @@ class Advisor:
         self._values: dict[str, dict[int, list[float]]] = defaultdict(dict)
         self._run: dict[str, tuple[int, int, float]] = {}   # job -> (nodes, run length, last t)
         self._profile: dict[str, str] = {}
-        self._version: dict[str, int] = defaultdict(int)   # every accepted sample
         self._epoch: dict[str, int] = defaultdict(int)     # refit-worthy changes
         self._since_epoch: dict[str, int] = defaultdict(int)
         self._kept: dict[str, int] = defaultdict(int)
@@ -138,7 +137,6 @@ class Advisor:
             del vals[0]
         else:
             self._kept[job] += 1
-        self._version[job] += 1
         self._since_epoch[job] += 1
         if (len(vals) == self.min_samples
                 or self._since_epoch[job] >= max(4, self._kept[job] // 4)):

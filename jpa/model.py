@@ -24,6 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
+from malletrain.model import interpolate
+
 TERMS = ("a/n", "b", "c*log2(n)")
 
 
@@ -119,10 +121,7 @@ def anchored(fit: ScalingFit, points: "dict[int, float]"):
         if n in points:
             return points[n]
         if ks[0] < n < ks[-1]:
-            i = next(i for i, k in enumerate(ks) if k > n)
-            lo, hi = ks[i - 1], ks[i]
-            w = (n - lo) / (hi - lo)
-            return points[lo] * (1 - w) + points[hi] * w
+            return interpolate(ks, [points[k] for k in ks], n)
         m = ks[0] if n < ks[0] else ks[-1]
         base = fit.throughput(m)
         return points[m] * fit.throughput(n) / base if base > 0 else fit.throughput(n)

@@ -22,11 +22,7 @@ import time
 from malletrain.config import CoreConfig
 from malletrain.core import decide, size_grid
 from malletrain.model import Curve, CurvePoint, JobSpec, JobState, Node, Snapshot
-
-
-def _pct(xs, q):
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+from malletrain.replay import percentile
 
 
 def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
@@ -90,7 +86,7 @@ def bench_allocator(args) -> int:
         states = [s if s.size >= s.spec.min_nodes or s.size == 0 else
                   JobState(s.spec, (), None, 0.0, now) for s in states]
     res = {"nodes": args.nodes, "jobs": args.jobs, "repeat": args.repeat,
-           "decision_ms_p50": _pct(lat, 0.5), "decision_ms_p95": _pct(lat, 0.95),
+           "decision_ms_p50": percentile(lat, 0.5), "decision_ms_p95": percentile(lat, 0.95),
            "decision_ms_max": max(lat), "objective": objective, "solver": plan.solver}
     _emit(res, args.json, [f"allocator {args.nodes} nodes x {args.jobs} jobs, {args.repeat} decisions "
                            f"({plan.solver}): p50 {res['decision_ms_p50']:.1f} ms, p95 "
@@ -184,7 +180,7 @@ def bench_jpa(args) -> int:
     res = {"probes": "probe_counts(min, max) = 6,12,24 replicas", "per_app": per_app,
            "insample_floor_mape": 100 * statistics.fmean(insample),
            "mape_near": 100 * statistics.fmean(near), "mape_far": 100 * statistics.fmean(far),
-           "p90_near": 100 * _pct(near, 0.9), "noise_floor_mape": 100 * statistics.fmean(floor)}
+           "p90_near": 100 * percentile(near, 0.9), "noise_floor_mape": 100 * statistics.fmean(floor)}
     lines.append(f"ALL          MAPE <=2x probed: {res['mape_near']:5.1f}% (p90 {res['p90_near']:.1f}%)  "
                  f"beyond: {res['mape_far']:5.1f}%   data roughness (point vs. neighbours' chord): "
                  f"{res['noise_floor_mape']:.1f}%; model fitted on all points (in-sample floor): "

@@ -6,7 +6,6 @@ wrong types and out-of-range values, naming the file and key.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, TypeVar
 
@@ -82,7 +81,3 @@ def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
     if isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"expected a string, got {value!r}", path=where, field=key)
     return value
-
-
-def replace(cfg: T, **changes: Any) -> T:
-    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]

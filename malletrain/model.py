@@ -7,11 +7,28 @@ trace's clock for replay); the core never reads a clock itself.
 """
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 DEFAULT_NODE_TYPE = "gpu"
+
+
+def interpolate(counts: Sequence[int], values: Sequence[float], n: float) -> float:
+    """Throughput at ``n`` nodes from sorted ``counts``: linear between listed
+    counts, proportional below the smallest, flat above the largest."""
+    if n <= 0 or not counts:
+        return 0.0
+    if n <= counts[0]:
+        return values[0] * n / counts[0]
+    if n >= counts[-1]:
+        return values[-1]
+    i = bisect.bisect_left(counts, n)
+    if counts[i] == n:
+        return values[i]
+    w = (n - counts[i - 1]) / (counts[i] - counts[i - 1])
+    return values[i - 1] * (1 - w) + values[i] * w
 
 
 class ActionKind(enum.Enum):
@@ -108,18 +125,8 @@ class Curve:
         p = self.points.get(n)
         if p is not None:
             return p.mean
-        # Linear interpolation between the nearest listed counts.
         keys = sorted(self.points)
-        if not keys:
-            return 0.0
-        if n <= keys[0]:
-            return self.points[keys[0]].mean * n / keys[0]
-        if n >= keys[-1]:
-            return self.points[keys[-1]].mean
-        lo = max(k for k in keys if k < n)
-        hi = min(k for k in keys if k > n)
-        w = (n - lo) / (hi - lo)
-        return self.points[lo].mean * (1 - w) + self.points[hi].mean * w
+        return interpolate(keys, [self.points[k].mean for k in keys], n)
 
 
 @dataclass(frozen=True)

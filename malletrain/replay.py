@@ -219,7 +219,8 @@ def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
             series.append((t, frac))
 
 
-def _pct(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1); 0 for no data."""
     if not xs:
         return 0.0
     s = sorted(xs)
@@ -254,8 +255,8 @@ def _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, wo
         "stops": c.stops,
         "preemptions": c.preemptions,
         "decisions": len(decision_ms),   # decide() runs; unchanged cycles: decisions_reused
-        "decision_ms_p50": _pct(decision_ms, 0.50),
-        "decision_ms_p95": _pct(decision_ms, 0.95),
+        "decision_ms_p50": percentile(decision_ms, 0.50),
+        "decision_ms_p95": percentile(decision_ms, 0.95),
         "decision_ms_mean": statistics.fmean(decision_ms) if decision_ms else 0.0,
         "jpa_rejected_samples": source.advisor.rejected,
         "interval_s": opts.interval_s,

@@ -18,7 +18,6 @@ above the largest).
 """
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import yaml
 
 from malletrain.errors import InputError
+from malletrain.model import interpolate
 from malletrain.timeutil import parse_time
 
 JOB_KEYS = ("name", "submit", "min_nodes", "max_nodes", "work", "rescale_up_s",
@@ -41,18 +41,7 @@ class TrueCurve:
     values: tuple[float, ...]
 
     def __call__(self, n: float) -> float:
-        if n <= 0:
-            return 0.0
-        c, v = self.counts, self.values
-        if n <= c[0]:
-            return v[0] * n / c[0]
-        if n >= c[-1]:
-            return v[-1]
-        i = bisect.bisect_left(c, n)
-        if c[i] == n:
-            return v[i]
-        w = (n - c[i - 1]) / (c[i] - c[i - 1])
-        return v[i - 1] * (1 - w) + v[i] * w
+        return interpolate(self.counts, self.values, n)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class SimCluster:
             if job.work - job.done <= max(1e-9 * job.work, job.rate * 1e-3):
                 job.completed_at = self.now
                 self.generation += 1
-                self._release(job, len(job.nodes))
+                self._release(job)
                 self.done_jobs[jid] = self.jobs.pop(jid)
                 self._finished.append(jid)
                 out.append(jid)
@@ -133,7 +133,7 @@ class SimCluster:
             if len(job.nodes) >= job.spec.min_nodes:
                 job.paused_until = max(job.paused_until, self.now + job.spec.rescale_down_s)
             else:
-                self._release(job, len(job.nodes))
+                self._release(job)
             job.rate = job.truth(len(job.nodes))
             job.last_change = self.now
 
@@ -150,10 +150,11 @@ class SimCluster:
                 x = job.rate * (1.0 + self.noise * self.rng.gauss(0.0, 1.0)) if self.noise else job.rate
                 self._samples.append(Sample(jid, len(job.nodes), max(x, 1e-9), self.now))
 
-    def _release(self, job: SimJob, count: int) -> None:
-        for name in job.nodes[len(job.nodes) - count:]:
+    def _release(self, job: SimJob) -> None:
+        """Give back every node the job holds."""
+        for name in job.nodes:
             self.holder.pop(name, None)
-        del job.nodes[len(job.nodes) - count:]
+        job.nodes.clear()
 
     def check(self) -> None:
         """Raise AssertionError unless the holder map and job node lists agree."""
