@@ -101,10 +101,17 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         free_jobs = rest
 
     objective, solver = 0.0, config.policy
+    chosen: dict[str, tuple[str, ...]] = {}     # concrete nodes picked by a per-node policy
     if config.policy == "static":
         _static(free_jobs, cap, config, targets, reasons)
     elif config.policy == "bftrainer":
-        return _bftrainer_plan(snapshot, jobs, free_jobs, curves, config, targets, reasons, pool, cap)
+        chosen, objective, bf_notes = _bftrainer(snapshot, jobs, free_jobs, curves, config, targets)
+        solver = "bftrainer-cbc"
+        notes.extend(bf_notes)
+        for j in free_jobs:
+            n = len(chosen.get(j.job_id, ()))
+            reasons[j.job_id] = ("wait: BFTrainer's MILP gave it no nodes" if n == 0 and j.size == 0
+                                 else _reason(j, n, curves.get(j.job_id), config, Problem((), {})))
     else:
         problem = _problem(free_jobs, curves, cap, config, pool)
         method = "greedy" if config.policy == "greedy" else config.allocator
@@ -117,6 +124,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), config, problem)
 
     alloc_nodes = place(snapshot.nodes, jobs, targets)
+    alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
 
@@ -202,12 +210,13 @@ def _static(jobs: Sequence[JobState], cap: Counter, cfg: CoreConfig,
                                  f"wait: FIFO, needs {size} free nodes")
 
 
-def _bftrainer_plan(snapshot, jobs, free_jobs, curves, cfg, targets, reasons, pool, cap) -> Plan:
-    pinned_nodes = set()
-    for j in jobs:
-        if j.job_id in targets:
-            pinned_nodes.update(j.nodes[:targets[j.job_id][1]])
-    nodes = [n.name for n in snapshot.nodes if n.name not in pinned_nodes]
+def _bftrainer(snapshot: Snapshot, jobs: Sequence[JobState], free_jobs: Sequence[JobState],
+               curves: Mapping[str, Curve], cfg: CoreConfig,
+               targets: Mapping[str, tuple[str | None, int]]
+               ) -> tuple[dict[str, tuple[str, ...]], float, tuple[str, ...]]:
+    """BFTrainer's per-node MILP over the nodes pinned jobs do not hold."""
+    pinned = {n for j in jobs if j.job_id in targets for n in j.nodes}
+    nodes = [n.name for n in snapshot.nodes if n.name not in pinned]
     njobs = []
     for j in free_jobs:
         curve = curves.get(j.job_id)
@@ -215,24 +224,10 @@ def _bftrainer_plan(snapshot, jobs, free_jobs, curves, cfg, targets, reasons, po
         bps = size_grid(j.spec.min_nodes, j.spec.max_nodes, cfg.max_candidates)
         njobs.append(NodeJob(j.job_id, j.spec.min_nodes, j.spec.max_nodes, j.nodes,
                              j.spec.rescale_up_s, j.spec.rescale_down_s, rate, bps))
-    notes: tuple[str, ...] = ()
-    out: dict[str, tuple[str, ...]] = {}
-    objective = 0.0
-    if njobs and nodes:
-        res = solve_per_node(njobs, nodes, cfg.horizon_s, time_limit_s=cfg.bftrainer_time_limit_s)
-        out, notes, objective = dict(res.nodes), res.notes, res.objective
-    for j in jobs:
-        if j.job_id in targets:
-            out[j.job_id] = j.nodes[:targets[j.job_id][1]]
-        else:
-            n = len(out.setdefault(j.job_id, ()))
-            if n == 0 and j.size == 0:
-                reasons[j.job_id] = "wait: BFTrainer's MILP gave it no nodes"
-            else:
-                reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), cfg, Problem((), {}))
-    live = list(snapshot.jobs)
-    return Plan(snapshot.now_s, out, _actions(live, out, reasons), objective,
-                "bftrainer-cbc", notes)
+    if not (njobs and nodes):
+        return {}, 0.0, ()
+    res = solve_per_node(njobs, nodes, cfg.horizon_s, time_limit_s=cfg.bftrainer_time_limit_s)
+    return dict(res.nodes), res.objective, res.notes
 
 
 def _actions(jobs: Sequence[JobState], alloc: Mapping[str, tuple[str, ...]],

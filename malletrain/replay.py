@@ -50,39 +50,41 @@ class ReplayResult:
     jobs: list[dict]
 
 
-def idle_node_seconds(trace: NodeTrace) -> float:
-    """∫ number of idle nodes dt over the trace window (vectorised)."""
+def node_order(trace: NodeTrace) -> np.ndarray:
+    """Event indices grouped by node, time order kept within each node."""
+    return np.argsort(trace.node_idx, kind="stable")
+
+
+def idle_node_seconds(trace: NodeTrace, order: np.ndarray | None = None) -> float:
+    """∫ number of idle nodes dt over the trace window (vectorised).
+
+    An event counts only when it flips its node's state; ``order`` is
+    :func:`node_order` if the caller has it already.
+    """
     n0 = int((~trace.initial_busy).sum())
     if trace.n_events == 0:
         return n0 * (trace.end_s - trace.start_s)
-    # Per-node state changes only count when the state actually flips.
-    state = trace.initial_busy.copy()
-    delta = np.zeros(trace.n_events)
-    # Vectorised flip detection: previous state of the same node.
-    order = np.lexsort((np.arange(trace.n_events), trace.node_idx))
+    order = node_order(trace) if order is None else order
     idx_sorted = trace.node_idx[order]
     busy_sorted = trace.busy[order]
-    prev = np.empty_like(busy_sorted)
     first = np.ones(len(order), dtype=bool)
     first[1:] = idx_sorted[1:] != idx_sorted[:-1]
+    prev = np.empty_like(busy_sorted)       # the node's state before each event
     prev[1:] = busy_sorted[:-1]
-    prev[first] = state[idx_sorted[first]]
-    flip = busy_sorted != prev
-    d = np.where(busy_sorted, -1.0, 1.0) * flip
-    delta[order] = d
-    idle = n0 + np.cumsum(delta)
+    prev[first] = trace.initial_busy[idx_sorted[first]]
+    delta = np.zeros(trace.n_events)
+    delta[order] = np.where(busy_sorted, -1.0, 1.0) * (busy_sorted != prev)
+    levels = np.concatenate([[n0], n0 + np.cumsum(delta)])
     times = np.concatenate([[trace.start_s], trace.times, [trace.end_s]])
-    levels = np.concatenate([[n0], idle])
     return float(np.sum(levels * np.diff(times)))
 
 
-def _window_ends(trace: NodeTrace) -> np.ndarray:
+def _window_ends(trace: NodeTrace, order: np.ndarray) -> np.ndarray:
     """For each event, when that node's next event happens (inf if none)."""
-    order = np.lexsort((np.arange(trace.n_events), trace.node_idx))
-    nxt = np.full(trace.n_events, np.inf)
-    same = trace.node_idx[order][1:] == trace.node_idx[order][:-1]
+    idx_sorted = trace.node_idx[order]
     nxt_sorted = np.full(len(order), np.inf)
-    nxt_sorted[:-1] = np.where(same, trace.times[order][1:], np.inf)
+    nxt_sorted[:-1] = np.where(idx_sorted[1:] == idx_sorted[:-1], trace.times[order][1:], np.inf)
+    nxt = np.empty(trace.n_events)
     nxt[order] = nxt_sorted
     return nxt
 
@@ -121,7 +123,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     arrivals.sort(key=lambda s: (s.submit_s, s.job_id))
     sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise)
     source = CurveSource(core, truths)
-    windows = _window_ends(trace)
+    order = node_order(trace)
+    windows = _window_ends(trace, order)
     times, idxs, busy = trace.times, trace.node_idx, trace.busy
     names = trace.nodes
     n_ev, ev = len(times), 0
@@ -199,7 +202,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
         _record(sim, sim.now, timeline, progress)
     finally:
         bar.close()
-    result = _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, works,
+    result = _result(trace, order, sim, source, opts, decision_ms, timeline, progress, specs, works,
                      time.perf_counter() - wall0)
     result.summary["decisions_reused"] = reused
     result.summary["solver_notes"] = len(notes)          # timeouts, fallbacks, kept plans
@@ -227,9 +230,9 @@ def percentile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def _result(trace, sim, source, opts, decision_ms, timeline, progress, specs, works, wall_s):
+def _result(trace, order, sim, source, opts, decision_ms, timeline, progress, specs, works, wall_s):
     c = sim.counters
-    idle = idle_node_seconds(trace)
+    idle = idle_node_seconds(trace, order)
     jobs = []
     for jid in specs:
         j = sim.done_jobs.get(jid) or sim.jobs.get(jid)
