@@ -96,29 +96,39 @@ def bench_allocator(args) -> int:
 
 
 # -- BFTrainer per-node vs. count-based -------------------------------------------
+def per_node_instance(rng: random.Random, n_jobs: int, n_nodes: int, curve=None,
+                      max_choices=(4, 8, 12, 16), held_share: float = 0.5):
+    """One instance in both forms: nodes + BFTrainer ``NodeJob``s, and the
+    equivalent count :class:`Problem` (H = 600 s, every size in [min, max]).
+    Running jobs hold the first nodes, up to ``held_share`` of them."""
+    from milp.bftrainer import NodeJob
+    from milp.problem import JobChoice, Problem, job_values
+    nodes = [f"n{i:04d}" for i in range(n_nodes)]
+    njobs, choices, used = [], [], 0
+    for i in range(n_jobs):
+        f = (curve or _random_curve)(rng)
+        lo, hi = rng.choice([1, 2]), rng.choice(max_choices)
+        cur = rng.choice([0, lo, hi]) if used + hi <= n_nodes * held_share else 0
+        held = tuple(nodes[used:used + cur])
+        used += cur
+        up, down = rng.uniform(10, 120), rng.uniform(5, 30)
+        njobs.append(NodeJob(f"j{i}", lo, hi, held, up, down, f))
+        choices.append(JobChoice(f"j{i}", job_values(list(range(lo, hi + 1)), cur, 600.0, up, down, f),
+                                 ("gpu",), cur))
+    return nodes, njobs, Problem(tuple(choices), {"gpu": n_nodes})
+
+
 def bench_compare(args) -> int:
-    from milp.bftrainer import NodeJob, solve_per_node
+    from milp.bftrainer import solve_per_node
     from milp.count import solve_count_milp
     from milp.mck import solve_mck
-    from milp.problem import JobChoice, Problem, evaluate, job_values
+    from milp.problem import evaluate
     rows, lines = [], []
     for spec in args.sizes.split(","):
         n_jobs, n_nodes = (int(x) for x in spec.lower().split("x"))
         for rep in range(args.repeat):
             rng = random.Random(1000 * n_jobs + rep)
-            nodes = [f"n{i:04d}" for i in range(n_nodes)]
-            njobs, choices, used = [], [], 0
-            for i in range(n_jobs):
-                f = _random_curve(rng)
-                lo, hi = rng.choice([1, 2]), rng.choice([4, 8, 12, 16])
-                cur = rng.choice([0, lo, hi]) if used + hi <= n_nodes // 2 else 0
-                held = tuple(nodes[used:used + cur])
-                used += cur
-                up, down = rng.uniform(10, 120), rng.uniform(5, 30)
-                njobs.append(NodeJob(f"j{i}", lo, hi, held, up, down, f))
-                choices.append(JobChoice(f"j{i}", job_values(list(range(lo, hi + 1)), cur, 600.0, up, down, f),
-                                         ("gpu",), cur))
-            problem = Problem(tuple(choices), {"gpu": n_nodes})
+            nodes, njobs, problem = per_node_instance(rng, n_jobs, n_nodes)
             t0 = time.perf_counter(); bf = solve_per_node(njobs, nodes, 600.0, time_limit_s=args.time_limit)
             t_bf = time.perf_counter() - t0
             t0 = time.perf_counter(); dp = solve_mck(problem); t_dp = time.perf_counter() - t0

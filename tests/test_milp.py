@@ -133,19 +133,8 @@ def test_pause_costs_charged_at_current_rate():
 
 
 def per_node_instance(rng, n_jobs, n_nodes):
-    nodes = [f"n{i:03d}" for i in range(n_nodes)]
-    jobs, choices, used = [], [], 0
-    for i in range(n_jobs):
-        f = curve(rng)
-        lo, hi = rng.randint(1, 2), rng.randint(3, 8)
-        cur = rng.choice([0, lo, hi]) if used + hi <= n_nodes else 0
-        held = tuple(nodes[used:used + cur])
-        used += cur
-        up, down = rng.uniform(0, 120), rng.uniform(0, 30)
-        jobs.append(NodeJob(f"j{i}", lo, hi, held, up, down, f))
-        choices.append(JobChoice(f"j{i}", job_values(list(range(lo, hi + 1)), cur, 600, up, down, f),
-                                 ("gpu",), cur))
-    return nodes, jobs, Problem(tuple(choices), {"gpu": n_nodes})
+    from malletrain.bench import per_node_instance as build
+    return build(rng, n_jobs, n_nodes, curve=curve, max_choices=range(3, 9), held_share=1.0)
 
 
 def test_bftrainer_per_node_formulation_matches_count_optimum():
