@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--interval", type=_positive(float), default=30.0)
     bq.add_argument("--json", action="store_true")
 
+    from malletrain.usercmd import add_commands
+    add_commands(sub)
+
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")
@@ -162,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from malletrain import bench
             return bench.run(args)
+        from malletrain.usercmd import dispatch
+        rc = dispatch(args)
+        if rc is not None:
+            return rc
         if args.command == "example":
             from malletrain.example import build_example
             build_example(args.data, args.out)

@@ -81,3 +81,108 @@ def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
     if isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"expected a string, got {value!r}", path=where, field=key)
     return value
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """How the daemon reaches Slurm (``slurm:`` section)."""
+
+    partition: str = "scavenger"    # where malleable jobs live (preemptible)
+    slurm_conf: str = ""            # SLURM_CONF for every command; '' = Slurm's default
+    command_timeout_s: float = 10.0  # per Slurm command
+    retries: int = 3                # read commands: retries with jittered backoff
+    backoff_s: float = 0.5          # first retry delay (doubles, ±50% jitter)
+    reservations_every: int = 6     # read reservations every N cycles (0 = never)
+
+    def validate(self, where: str = "config") -> "SlurmConfig":
+        if not self.partition:
+            raise ConfigError("must not be empty", path=where, field="slurm.partition")
+        for name in ("command_timeout_s", "backoff_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError("must be > 0", path=where, field=f"slurm.{name}")
+        if self.retries < 0 or self.reservations_every < 0:
+            raise ConfigError("must be >= 0", path=where, field="slurm.retries/reservations_every")
+        return self
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The service loop (``daemon:`` section)."""
+
+    interval_s: float = 10.0         # one cycle per interval
+    state_dir: str = "/var/lib/malletrain"   # sqlite state and status.json (local disk)
+    metrics_host: str = "127.0.0.1"  # Prometheus endpoint; loopback only
+    metrics_port: int = 9687         # 0 = no endpoint
+    vacate_lead_s: float = 60.0      # give nodes back this long before a primary job's planned start (0 = off)
+    start_timeout_s: float = 60.0    # a released job that has not started by then is held again
+    rescale_wait_s: float = 45.0     # wait this long for a requeued job to leave COMPLETING
+    max_line_bytes: int = 4096       # longer progress lines are skipped
+    log_format: str = "json"         # json | text
+
+    def validate(self, where: str = "config") -> "DaemonConfig":
+        for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError("must be > 0", path=where, field=f"daemon.{name}")
+        if self.vacate_lead_s < 0:
+            raise ConfigError("must be >= 0", path=where, field="daemon.vacate_lead_s")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("must be a port number (0 = off)", path=where, field="daemon.metrics_port")
+        if self.max_line_bytes < 64:
+            raise ConfigError("must be >= 64", path=where, field="daemon.max_line_bytes")
+        _choice(self.log_format, ("json", "text"), where, "daemon.log_format")
+        return self
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole daemon configuration file: ``core:``, ``slurm:``, ``daemon:``."""
+
+    core: CoreConfig = CoreConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    daemon: DaemonConfig = DaemonConfig()
+
+
+SECTIONS = {"core": CoreConfig, "slurm": SlurmConfig, "daemon": DaemonConfig}
+
+
+def config_from_mapping(data: Any, where: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("the top level must be a mapping with sections "
+                          f"{', '.join(SECTIONS)}", path=where)
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {', '.join(map(str, unknown))}; valid sections: "
+                          f"{', '.join(SECTIONS)}", path=where)
+    parts = {}
+    for name, cls in SECTIONS.items():
+        section = data.get(name)
+        if section is not None and not isinstance(section, Mapping):
+            raise ConfigError("must be a mapping", path=where, field=name)
+        try:
+            parts[name] = from_mapping(cls, section, where)
+        except ConfigError as exc:
+            if exc.field and "." not in exc.field:
+                raise ConfigError(str(exc).split(": ", 2)[-1], path=where,
+                                  field=f"{name}.{exc.field}") from None
+            if exc.field is None:
+                raise ConfigError(f"section {name}: " + str(exc).split(": ", 1)[-1],
+                                  path=where) from None
+            raise
+    return Config(**parts)
+
+
+def load_config(path: str) -> Config:
+    """Read and validate a YAML config file; every problem is a ConfigError."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=path,
+                          line=mark.line + 1 if mark else None) from None
+    return config_from_mapping(data, path)

@@ -1,0 +1,252 @@
+"""Service-side commands: ``daemon``, ``config check``, ``submit``, ``status``, ``explain``.
+
+``submit`` runs as the calling user: it writes a batch script and calls
+``sbatch --parsable`` with the job held in the scavenger partition,
+``--requeue``, a preemption signal, appended output and a ``--comment`` tag
+carrying the job's spec and a unique token (so a retried submission never
+duplicates a job).  ``status`` and ``explain`` read the ``status.json`` the
+daemon rewrites every cycle.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+import uuid
+
+from malletrain.config import Config, SlurmConfig, load_config
+from malletrain.errors import InputError
+
+DEFAULT_CONFIG = "/etc/malletrain/config.yaml"
+
+SCRIPT = """\
+#!/bin/bash
+# Written by `malletrain submit`. The daemon starts, grows and shrinks this job
+# (same job id); Slurm may preempt it. The command must checkpoint on SIGTERM
+# or SIGUSR2 and resume from its newest checkpoint on any node count.
+export MALLETRAIN_JOB="$SLURM_JOB_ID"
+export MALLETRAIN_METRICS={metrics_dir}/"$SLURM_JOB_ID".jsonl
+export MALLETRAIN_RESTART="${{SLURM_RESTART_COUNT:-0}}"
+echo "[malletrain] job $SLURM_JOB_ID restart $MALLETRAIN_RESTART on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
+exec {command}
+"""
+
+
+def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes: int,
+                     gpus_per_node: int, profile: str, time_limit: str | None,
+                     rescale_up_s: float, rescale_down_s: float, metrics_dir: str,
+                     partition: str, token: str, script_path: str, signal_s: int = 60,
+                     extra: list[str] | None = None) -> tuple[list[str], str]:
+    """The sbatch argv and the batch script (pure; golden-tested)."""
+    from slurm.parse import Tag
+    if not command:
+        raise InputError("no command given (put it after --)")
+    if not 1 <= min_nodes <= max_nodes:
+        raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {min_nodes} and {max_nodes}")
+    tag = Tag(token, min_nodes, max_nodes, profile, rescale_up_s, rescale_down_s, metrics_dir)
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
+            f"--nodes={min_nodes}", "--exclusive", "--requeue", "--hold",
+            f"--signal=B:USR2@{signal_s}", "--open-mode=append",
+            f"--output={metrics_dir}/%x-%j.out", f"--comment={tag.encode()}"]
+    if gpus_per_node:
+        argv.append(f"--gres=gpu:{gpus_per_node}")
+    if time_limit:
+        argv.append(f"--time={time_limit}")
+    argv += list(extra or [])
+    argv.append(script_path)
+    script = SCRIPT.format(metrics_dir=shlex.quote(metrics_dir), command=shlex.join(command))
+    return argv, script
+
+
+def _config(path: str | None) -> Config:
+    path = path or os.environ.get("MALLETRAIN_CONFIG")
+    if path is None and os.path.exists(DEFAULT_CONFIG):
+        path = DEFAULT_CONFIG
+    return load_config(path) if path else Config()
+
+
+def _runner(cfg: Config):
+    from slurm.runner import Runner
+    s: SlurmConfig = cfg.slurm
+    return Runner(slurm_conf=s.slurm_conf or os.environ.get("SLURM_CONF"),
+                  timeout_s=s.command_timeout_s, retries=s.retries, backoff_s=s.backoff_s)
+
+
+def cmd_submit(args) -> int:
+    from slurm.cli import submit
+    cfg = _config(args.config)
+    metrics_dir = os.path.abspath(args.metrics_dir or os.environ.get("MALLETRAIN_METRICS_DIR")
+                                  or os.path.expanduser("~/.malletrain/metrics"))
+    os.makedirs(metrics_dir, mode=0o755, exist_ok=True)
+    token = uuid.uuid4().hex[:16]
+    script_path = os.path.join(metrics_dir, f"job-{token}.sbatch")
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    argv, script = build_submission(
+        command, name=args.name, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+        gpus_per_node=args.gpus_per_node, profile=args.profile or args.name,
+        time_limit=args.time, rescale_up_s=args.rescale_up, rescale_down_s=args.rescale_down,
+        metrics_dir=metrics_dir, partition=cfg.slurm.partition, token=token,
+        script_path=script_path)
+    with open(script_path, "w", encoding="utf-8") as fh:
+        fh.write(script)
+    os.chmod(script_path, 0o755)
+    job = submit(_runner(cfg), argv, token)
+    print(job)
+    print(f"malletrain: submitted job {job} held in {cfg.slurm.partition}; the daemon starts it "
+          f"on idle nodes. Progress: {metrics_dir}/{job}.jsonl", file=sys.stderr)
+    return 0
+
+
+def _status(args) -> dict:
+    state_dir = args.state_dir or _config(args.config).daemon.state_dir
+    path = os.path.join(state_dir, "status.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise InputError("no status yet: is the daemon running with this state_dir?", path=path) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read status: {exc}", path=path) from None
+
+
+def _rate(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def cmd_status(args) -> int:
+    st = _status(args)
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    age = time.time() - st["t"]
+    print(f"cycle {st['cycle']} ({age:.0f}s ago), Slurm {'up' if st['slurm_up'] else 'DOWN'}, "
+          f"{st['idle_nodes']} idle node(s) in {st['partition']}; "
+          f"{st['counters']['starts']} starts, {st['counters']['rescales']} rescales, "
+          f"{st['counters']['preemptions']} preemptions, {st['counters']['vacates']} vacates")
+    head = f"{'JOB':>7} {'NAME':<14} {'STATE':<8} {'SIZE':>4} {'RANGE':>6} {'NODES':<12} " \
+           f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
+    print(head)
+    for j in st["jobs"]:
+        from slurm.parse import collect
+        meas = j["measured"]["samples_per_s"] if j["measured"] else None
+        la = j["last_action"]
+        last = f"{la['kind']}: {la['reason']}" if la else (j["reason"] or "-")
+        print(f"{j['job']:>7} {j['name'][:14]:<14} {j['state']:<8} {j['size']:>4} "
+              f"{str(j['min_nodes']) + '-' + str(j['max_nodes']):>6} "
+              f"{collect(j['nodes']) if j['nodes'] else '-':<12} {_rate(meas):>10} "
+              f"{_rate(j['predicted']):>11}  {last}")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    st = _status(args)
+    job = next((j for j in st["jobs"] if j["job"] == str(args.job)), None)
+    if job is None:
+        raise InputError(f"job {args.job} is not a malleable job the daemon knows "
+                         f"(known: {', '.join(j['job'] for j in st['jobs']) or 'none'})")
+    print(f"job {job['job']} ({job['name']}, profile {job['profile'] or '-'}): {job['state']} "
+          f"(Slurm {job['slurm_state']}, {job['slurm_reason'] or 'no reason'}) on "
+          f"{job['size']} node(s), allowed {job['min_nodes']}-{job['max_nodes']}")
+    print(f"why: {job['reason'] or 'no decision yet'}")
+    if job["measured"]:
+        m = job["measured"]
+        print(f"measured: {m['samples_per_s']:.4g} samples/s on {m['nodes']} node(s)")
+    if job["curve"]:
+        src = job["curve_source"]
+        probe = f", next probe at {job['probe']} node(s)" if job["probe"] else ""
+        print(f"predicted throughput ({src}{probe}): " +
+              ", ".join(f"{n}: {v:.4g}" for n, v in job["curve"].items()))
+    if job["history"]:
+        print("recent changes:")
+        for h in job["history"]:
+            when = time.strftime("%H:%M:%S", time.localtime(h["t"]))
+            print(f"  {when} cycle {h['cycle']}: {h['kind']} [{h['from_nodes'] or '-'}] -> "
+                  f"[{h['to_nodes'] or '-'}]: {h['reason']}")
+    return 0
+
+
+def cmd_config_check(args) -> int:
+    from malletrain.daemon import check_config
+    cfg = check_config(load_config(args.file), args.file)
+    print(f"{args.file}: ok (interval {cfg.daemon.interval_s:g}s, partition {cfg.slurm.partition}, "
+          f"policy {cfg.core.policy}, state in {cfg.daemon.state_dir})")
+    return 0
+
+
+def cmd_daemon(args) -> int:
+    from malletrain.daemon import Daemon
+    from malletrain.service import setup_logging
+    cfg = load_config(args.config)
+    cf = setup_logging(cfg.daemon.log_format)
+    d = Daemon(args.config, log_filter=cf)
+    if args.cycles:
+        for _ in range(args.cycles):
+            d.cycle_once()
+            time.sleep(d.config.daemon.interval_s)
+        d.store.close()
+        return 0
+    return d.run()
+
+
+def add_commands(sub) -> None:
+    d = sub.add_parser("daemon", help="run the harvesting service (systemd runs this)",
+                       description="Poll Slurm every interval, re-allocate idle nodes among malleable "
+                                   "jobs, apply the plan. SIGHUP reloads the config, SIGTERM stops "
+                                   "(jobs keep running).")
+    d.add_argument("--config", required=True, help="YAML config (see `malletrain config check`)")
+    d.add_argument("--cycles", type=int, default=0, help="run N cycles and exit (debugging)")
+
+    c = sub.add_parser("config", help="configuration tools")
+    csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    cc = csub.add_parser("check", help="validate a config file (exit 2 with the reason if bad)")
+    cc.add_argument("file")
+
+    s = sub.add_parser("submit", help="submit a malleable job as yourself",
+                       description="Submit COMMAND as a malleable job: held in the scavenger "
+                                   "partition until the daemon gives it idle nodes; requeued on "
+                                   "preemption. COMMAND must checkpoint on SIGTERM/SIGUSR2.",
+                       epilog="example: malletrain submit --name lr-0.1 --min-nodes 1 --max-nodes 4 "
+                              "-- python train.py --lr 0.1")
+    s.add_argument("--name", default="malleable", help="job name")
+    s.add_argument("--min-nodes", type=int, default=1)
+    s.add_argument("--max-nodes", type=int, default=4)
+    s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node to request (0: none)")
+    s.add_argument("--profile", help="jobs of one model share scaling priors (default: --name)")
+    s.add_argument("--time", help="Slurm time limit, e.g. 4:00:00")
+    s.add_argument("--rescale-up", type=float, default=30.0, metavar="S",
+                   help="seconds a start or grow costs (restart + restore), default 30")
+    s.add_argument("--rescale-down", type=float, default=20.0, metavar="S",
+                   help="seconds a shrink costs, default 20")
+    s.add_argument("--metrics-dir", help="shared directory for progress files and output "
+                                         "(default $MALLETRAIN_METRICS_DIR or ~/.malletrain/metrics)")
+    s.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
+    s.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+
+    for name, helptext in (("status", "table of malleable jobs, sizes, throughput and reasons"),
+                           ("explain", "why a job has its current size")):
+        p = sub.add_parser(name, help=helptext)
+        if name == "explain":
+            p.add_argument("job", help="Slurm job id")
+        else:
+            p.add_argument("--json", action="store_true", help="print the raw status JSON")
+        p.add_argument("--state-dir", help="the daemon's state_dir (default: from --config)")
+        p.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
+
+
+def dispatch(args) -> int | None:
+    if args.command == "daemon":
+        return cmd_daemon(args)
+    if args.command == "config":
+        return cmd_config_check(args)
+    if args.command == "submit":
+        return cmd_submit(args)
+    if args.command == "status":
+        return cmd_status(args)
+    if args.command == "explain":
+        return cmd_explain(args)
+    return None

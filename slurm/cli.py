@@ -1,0 +1,311 @@
+"""The Slurm CLI backend: the backend protocol on a real Slurm cluster.
+
+``observe`` costs at most three read commands in a steady cycle: one
+``squeue`` (all jobs), one ``sinfo`` (the harvest partition's nodes) and,
+every ``reservations_every`` cycles, one ``scontrol show reservation``.
+
+``apply`` rescales jobs while keeping their ids (DESIGN.md, SLURM-NOTES.md):
+``requeuehold`` every job that stops, grows or shrinks → wait until they have
+left COMPLETING (one ``squeue -j`` per poll) → ``scontrol update NumNodes=k-k
+ReqNodeList=… StartTime=now`` → ``scontrol release``.  A job that fails a
+step is logged and left held; the next cycle decides again from what Slurm
+says.  The per-job book (launching nodes, last change, pause) is written
+ahead to the store before each step, so a daemon killed mid-cycle neither
+loses nor duplicates anything.
+
+Proactive vacate: a node that a pending primary job is planned on (or a
+reservation starts on) within ``vacate_lead_s`` leaves the harvestable pool,
+so the plan shrinks or stops the malleable job holding it before Slurm has
+to preempt it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+from malletrain.config import DaemonConfig, SlurmConfig
+from malletrain.model import Action, ActionKind, JobSpec, JobState, Node, Snapshot
+from malletrain.progress import ProgressTail
+from slurm.backend import Observation
+from slurm.parse import (SINFO_FORMAT, SQUEUE_FORMAT, JobRecord, Phase, Reservation, Tag,
+                         collect, is_held, parse_reservations, parse_sinfo, parse_squeue, parse_tag)
+from slurm.runner import Runner, SlurmCommandError
+
+log = logging.getLogger("malletrain.slurm")
+
+
+@dataclass(frozen=True)
+class Book:
+    """What the daemon remembers about one job between cycles (persisted)."""
+
+    launching: tuple[str, ...] = ()   # released by us onto these nodes, not started yet
+    launch_t: float = 0.0
+    last_change_s: float | None = None
+    paused_until_s: float = 0.0
+    running: tuple[str, ...] = ()     # nodes it held when last seen running
+
+
+@dataclass
+class Events:
+    """Counters the daemon exports (cumulative)."""
+
+    preemptions: int = 0
+    starts: int = 0
+    stops: int = 0
+    rescales: int = 0
+    vacates: int = 0
+    failed_actions: int = 0
+
+
+class SlurmBackend:
+    def __init__(self, runner: Runner, slurm: SlurmConfig, daemon: DaemonConfig, *,
+                 tail: ProgressTail | None = None, clock: Callable[[], float] = time.time,
+                 save_book: Callable[[str, Book | None], None] | None = None,
+                 books: Mapping[str, Book] | None = None) -> None:
+        self.runner, self.slurm, self.daemon = runner, slurm, daemon
+        self.tail = tail or ProgressTail(max_line_bytes=daemon.max_line_bytes)
+        self.clock = clock
+        self.books: dict[str, Book] = dict(books or {})
+        self._save = save_book or (lambda job, book: None)
+        self.events = Events()
+        self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
+        self.tags: dict[str, Tag] = {}
+        self.idle_nodes = 0
+        self.vacating: dict[str, str] = {}          # node -> why it left the pool
+        self._reservations: list[Reservation] = []
+        self._cycle = 0
+
+    # ------------------------------------------------------------ observe
+    def observe(self) -> Observation:
+        now = self.clock()
+        jobs = parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+        nodes = parse_sinfo(self.runner.read(
+            ["sinfo", "-h", "-N", "-p", self.slurm.partition, "-o", SINFO_FORMAT]))
+        every = self.slurm.reservations_every
+        if every and self._cycle % every == 0:
+            self._reservations = parse_reservations(
+                self.runner.read(["scontrol", "-o", "show", "reservation"]))
+        self._cycle += 1
+
+        malleable, windows = [], {}
+        for r in jobs:
+            tag = parse_tag(r.comment) if r.partition == self.slurm.partition else None
+            if tag is not None:
+                malleable.append((r, tag))
+            elif r.phase is Phase.PENDING and r.start_s and r.sched_nodes:
+                for n in r.sched_nodes:     # a primary job's planned start
+                    windows[n] = min(windows.get(n, r.start_s), r.start_s)
+        for res in self._reservations:
+            if res.end_s > now:
+                for n in res.nodes:
+                    windows[n] = min(windows.get(n, res.start_s), res.start_s)
+
+        lead = self.daemon.vacate_lead_s
+        soon = {n for n, t in windows.items() if lead > 0 and t <= now + lead}
+        node_info = {n.name: n for n in nodes}
+        self.idle_nodes = sum(1 for n in nodes if n.harvestable)
+        pool_names = {n.name for n in nodes if n.harvestable} - soon
+
+        states, finished, samples, profiles = [], [], [], {}
+        seen = set()
+        for r, tag in malleable:
+            seen.add(r.job_id)
+            self.tags[r.job_id] = tag
+            profiles[r.job_id] = tag.profile or f"job-{r.job_id}"
+            if tag.metrics_dir:
+                samples += self.tail.poll(r.job_id, os.path.join(tag.metrics_dir, f"{r.job_id}.jsonl"))
+            st = self._job_state(r, tag, now, pool_names, soon)
+            if st is not None:
+                states.append(st)
+        for job in list(self.records):
+            if job not in seen or self.records[job].phase is Phase.FINISHED:
+                finished.append(job)
+        for job in finished:
+            self.records.pop(job, None)
+            if job in self.books:
+                self.books.pop(job)
+                self._save(job, None)
+        self.records.update({r.job_id: r for r, _ in malleable})
+        for r, _ in malleable:
+            if r.phase is Phase.FINISHED:
+                finished.append(r.job_id)
+        self.vacating = {n: "primary job planned" for n in soon}
+
+        pool = tuple(Node(n, node_info[n].node_type if n in node_info else "gpu",
+                          window_end_s=windows.get(n)) for n in sorted(pool_names))
+        states.sort(key=lambda s: (s.spec.submit_s, int(s.job_id) if s.job_id.isdigit() else 0))
+        snap = Snapshot(now, pool, tuple(states))
+        gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
+        return Observation(snap, tuple(samples), tuple(finished), profiles, gen)
+
+    def _job_state(self, r: JobRecord, tag: Tag, now: float, pool: set[str],
+                   soon: set[str]) -> JobState | None:
+        book = self.books.get(r.job_id, Book())
+        spec = JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
+                       tag.rescale_down_s, tag.profile, r.submit_s or 0.0, r.name)
+        phase = r.phase
+        nodes: tuple[str, ...] = ()
+        if phase is Phase.RUNNING:
+            nodes = r.nodes
+            if book.launching or book.running != nodes:
+                book = replace(book, launching=(), running=nodes)
+                self._put(r.job_id, book)
+            if soon & set(nodes):
+                self.events.vacates += 1
+                log.info("job %s: vacating %s before a primary job's planned start", r.job_id,
+                         collect(sorted(soon & set(nodes))))
+        elif phase is Phase.PENDING:
+            if book.launching and now - book.launch_t <= self.daemon.start_timeout_s:
+                nodes = book.launching
+            else:
+                why = ("did not start within start_timeout_s" if book.launching
+                       else "was requeued by Slurm (preempted)")
+                if not book.launching and book.running:
+                    self.events.preemptions += 1
+                log.warning("job %s %s; holding it until the daemon gives it nodes", r.job_id, why)
+                self._hold(r.job_id)
+                self._put(r.job_id, replace(book, launching=(), running=(), last_change_s=now))
+                return None
+        elif phase is Phase.HELD:
+            if book.launching or book.running:
+                self._put(r.job_id, replace(book, launching=(), running=()))
+        else:   # moving or finished: not part of this decision
+            return None
+        pool.update(nodes)   # a job's own nodes are always part of the pool it is judged on
+        pool.difference_update(soon)
+        return JobState(spec, tuple(n for n in nodes), "gpu" if nodes else None,
+                        book.paused_until_s, book.last_change_s)
+
+    def _put(self, job: str, book: Book) -> None:
+        self.books[job] = book
+        self._save(job, book)
+
+    def _hold(self, job: str) -> None:
+        try:
+            self.runner.write(["scontrol", "hold", job])
+        except SlurmCommandError as exc:
+            log.warning("job %s: hold failed: %s", job, exc)
+
+    # ------------------------------------------------------------ apply
+    def apply(self, actions: Sequence[Action]) -> None:
+        now = self.clock()
+        requeued: list[Action] = []
+        relaunch: list[Action] = []
+        for a in actions:
+            if a.kind in (ActionKind.KEEP, ActionKind.WAIT):
+                continue
+            book = self.books.get(a.job_id, Book())
+            log.info("job %s: %s %s -> %s: %s", a.job_id, a.kind.value,
+                     collect(a.from_nodes) if a.from_nodes else "-",
+                     collect(a.to_nodes) if a.to_nodes else "-", a.reason,
+                     extra={"job": a.job_id, "action": a.kind.value, "reason": a.reason})
+            try:
+                if a.kind is ActionKind.START:
+                    relaunch.append(a)
+                elif book.launching:      # released but not started: hold, no requeue needed
+                    self.runner.write(["scontrol", "hold", a.job_id])
+                    self._put(a.job_id, replace(book, launching=(), last_change_s=now))
+                    if a.kind is ActionKind.STOP:
+                        self.events.stops += 1
+                    else:
+                        relaunch.append(a)
+                else:
+                    self._put(a.job_id, replace(book, running=(), last_change_s=now))
+                    self.runner.write(["scontrol", "requeuehold", a.job_id])
+                    if a.kind is ActionKind.STOP:
+                        self.events.stops += 1
+                    else:
+                        requeued.append(a)
+            except SlurmCommandError as exc:
+                self.events.failed_actions += 1
+                log.error("job %s: %s failed: %s", a.job_id, a.kind.value, exc)
+        if requeued:
+            ready = self._wait_held([a.job_id for a in requeued])
+            for a in requeued:
+                if a.job_id in ready:
+                    relaunch.append(a)
+                else:
+                    log.warning("job %s still completing after %.0fs; it stays held for the next cycle",
+                                a.job_id, self.daemon.rescale_wait_s)
+        for a in relaunch:
+            self._launch(a)
+
+    def _launch(self, a: Action) -> None:
+        now = self.clock()
+        book = self.books.get(a.job_id, Book())
+        k = len(a.to_nodes)
+        tag = self.tags.get(a.job_id)
+        pause = 0.0
+        if tag is not None:
+            pause = tag.rescale_up_s if a.kind in (ActionKind.START, ActionKind.GROW) else tag.rescale_down_s
+        self._put(a.job_id, Book(launching=tuple(a.to_nodes), launch_t=now, last_change_s=now,
+                                 paused_until_s=now + pause, running=()))
+        try:
+            self.runner.write(["scontrol", "update", f"jobid={a.job_id}", f"NumNodes={k}-{k}",
+                               f"ReqNodeList={collect(a.to_nodes)}", "StartTime=now"])
+            self.runner.write(["scontrol", "release", a.job_id])
+        except SlurmCommandError as exc:
+            self.events.failed_actions += 1
+            self._put(a.job_id, replace(book, launching=(), running=()))
+            log.error("job %s: %s failed, it stays held: %s", a.job_id, a.kind.value, exc)
+            return
+        if a.kind is ActionKind.START:
+            self.events.starts += 1
+        else:
+            self.events.rescales += 1
+
+    def _wait_held(self, jobs: list[str]) -> set[str]:
+        deadline = time.monotonic() + self.daemon.rescale_wait_s
+        ready: set[str] = set()
+        while True:
+            try:
+                out = self.runner.read(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"])
+            except SlurmCommandError as exc:
+                log.warning("cannot poll requeued jobs: %s", exc)
+                out = ""
+            for line in out.splitlines():
+                jid, state, reason = (line.split("|") + ["", ""])[:3]
+                if state == "PENDING" and is_held(reason):
+                    ready.add(jid)
+            if ready >= set(jobs) or time.monotonic() > deadline:
+                return ready
+            time.sleep(0.5)
+
+
+# ---------------------------------------------------------------- submission
+
+def find_token(runner: Runner, token: str) -> str | None:
+    """The id of the live job whose comment carries ``token``, if any."""
+    out = runner.read(["squeue", "-h", "-a", "-o", "%i|%k"])
+    for line in out.splitlines():
+        jid, _, comment = line.partition("|")
+        tag = parse_tag(comment)
+        if tag is not None and tag.token == token:
+            return jid
+    return None
+
+
+def submit(runner: Runner, argv: Sequence[str], token: str, *, attempts: int = 3) -> str:
+    """``sbatch --parsable`` made idempotent: before every retry, look the token up."""
+    last: SlurmCommandError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            found = find_token(runner, token)
+            if found:
+                log.info("sbatch attempt %d had succeeded: job %s carries token %s", attempt, found, token)
+                return found
+            time.sleep(0.5 * attempt)
+        try:
+            out = runner.write(list(argv))
+            return out.strip().split(";")[0]
+        except SlurmCommandError as exc:
+            last = exc
+            log.warning("sbatch failed (attempt %d): %s", attempt + 1, exc)
+    found = find_token(runner, token)
+    if found:
+        return found
+    assert last is not None
+    raise last

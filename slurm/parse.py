@@ -1,0 +1,320 @@
+"""Slurm output → typed records; every version quirk stays in this module.
+
+Hot polls read text formats (``squeue -o``/``sinfo -o`` with ``|``
+separators and ``SLURM_TIME_FORMAT=%s`` epoch times); start-up adoption and
+``status`` may read ``--json``.  JSON shapes differ by version:
+
+===========  ===============================  ===================================
+field        22.05 (openapi v0.0.38)          23.11+ (v0.0.40 and later)
+===========  ===============================  ===================================
+job state    ``"RUNNING"``                    ``["RUNNING"]`` (a list of flags)
+node state   ``"idle"`` + ``state_flags``     ``["IDLE", "PLANNED"]``
+numbers      ``1700000000`` / ``0`` unset     ``{"set", "infinite", "number"}``
+release      ``meta.Slurm.release``           ``meta.slurm.release``
+===========  ===============================  ===================================
+
+Job-state table (what the daemon makes of each Slurm state, cf. Parsl):
+
+====================================================  =========================
+Slurm                                                 malletrain
+====================================================  =========================
+PENDING held (JobHeld*, requeued in held state)       ``held``: waits for nodes
+PENDING otherwise                                     ``pending``: released by us
+                                                      (starting), or requeued by
+                                                      preemption (held again)
+CONFIGURING, RUNNING                                  ``running`` on its nodes
+COMPLETING, REQUEUED, REQUEUE_HOLD, RESIZING,         ``moving``: nodes not
+PREEMPTED, SUSPENDED, STOPPED, SIGNALING, STAGE_OUT   harvestable, job pinned
+COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL,     ``finished``
+OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, SPECIAL_EXIT,
+REVOKED
+====================================================  =========================
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+from urllib.parse import quote, unquote
+
+import hostlist
+
+from malletrain.errors import BackendError
+
+
+class Phase(enum.Enum):
+    HELD = "held"
+    PENDING = "pending"
+    RUNNING = "running"
+    MOVING = "moving"
+    FINISHED = "finished"
+
+
+_RUNNING = {"RUNNING", "CONFIGURING"}
+_FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+             "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+
+
+def is_held(reason: str) -> bool:
+    """JobHeldUser/JobHeldAdmin (hold, --hold) or 'job requeued in held state' (requeuehold)."""
+    return reason.startswith("JobHeld") or "held state" in reason
+
+
+def phase_of(state: str, reason: str) -> Phase:
+    state = state.upper()
+    if state == "PENDING":
+        return Phase.HELD if is_held(reason) else Phase.PENDING
+    if state in _RUNNING:
+        return Phase.RUNNING
+    if state in _FINISHED:
+        return Phase.FINISHED
+    return Phase.MOVING
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    partition: str
+    state: str
+    reason: str
+    node_count: int
+    nodes: tuple[str, ...]
+    start_s: float | None        # actual (running) or planned (pending) start
+    sched_nodes: tuple[str, ...]  # nodes a pending job is planned on
+    submit_s: float | None
+    name: str
+    user: str
+    comment: str
+    restarts: int = 0
+
+    @property
+    def phase(self) -> Phase:
+        return phase_of(self.state, self.reason)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    states: frozenset[str]     # upper-case base state and flags, e.g. {"IDLE", "PLANNED"}
+    gres: str = ""
+    features: str = ""
+
+    @property
+    def harvestable(self) -> bool:
+        """IDLE and none of PLANNED/RESERVED/DRAIN/DOWN/… and responding."""
+        return self.states == {"IDLE"}
+
+    @property
+    def node_type(self) -> str:
+        for part in self.gres.split(","):
+            bits = part.split("(")[0].split(":")
+            if bits[0] == "gpu" and len(bits) == 3:
+                return bits[1]
+        return "gpu"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    start_s: float
+    end_s: float
+    nodes: tuple[str, ...]
+
+
+def expand(nodelist: str) -> tuple[str, ...]:
+    nodelist = nodelist.strip()
+    if not nodelist or nodelist in ("(null)", "None", "N/A"):
+        return ()
+    try:
+        return tuple(hostlist.expand_hostlist(nodelist))
+    except hostlist.BadHostlist as exc:
+        raise BackendError(f"bad Slurm node list {nodelist!r}: {exc}") from None
+
+
+def collect(nodes: Iterable[str]) -> str:
+    return hostlist.collect_hostlist(list(nodes))
+
+
+def _epoch(text: str) -> float | None:
+    text = text.strip()
+    if not text or text in ("N/A", "(null)", "None", "Unknown", "0"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise BackendError(f"expected epoch seconds (SLURM_TIME_FORMAT=%s), got {text!r}") from None
+
+
+def _null(text: str) -> str:
+    text = text.strip()
+    return "" if text == "(null)" else text
+
+
+# ---------------------------------------------------------------- text formats
+
+SQUEUE_FORMAT = "%i|%P|%T|%r|%D|%N|%S|%Y|%V|%j|%u|%k"
+SINFO_FORMAT = "%N|%T|%G|%f"
+
+_NODE_SUFFIX = "*~#!%$@^-"
+
+
+def parse_squeue(text: str) -> list[JobRecord]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 11)   # the comment comes last and may hold '|'
+        if len(parts) != 12:
+            raise BackendError(f"unexpected squeue line (want 12 fields): {line!r}")
+        jid, part, state, reason, count, nodes, start, sched, submit, name, user, comment = parts
+        try:
+            n = int(count)
+        except ValueError:
+            raise BackendError(f"squeue: bad node count {count!r} in {line!r}") from None
+        out.append(JobRecord(jid.strip(), part.strip(), state.strip().upper(), _null(reason),
+                             n, expand(nodes), _epoch(start), expand(sched), _epoch(submit),
+                             name, _null(user), _null(comment)))
+    return out
+
+
+def parse_sinfo(text: str) -> list[NodeRecord]:
+    out: dict[str, NodeRecord] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 4:
+            raise BackendError(f"unexpected sinfo line (want 4 fields): {line!r}")
+        name, state, gres, feat = parts
+        out[name] = NodeRecord(name, _text_states(state), _null(gres), _null(feat))
+    return list(out.values())
+
+
+def _text_states(state: str) -> frozenset[str]:
+    state = state.strip().lower()
+    flags = {"NOT_RESPONDING"} if "*" in state else set()
+    if "~" in state:
+        flags.add("POWERED_DOWN")
+    if "$" in state:
+        flags.add("MAINTENANCE")
+    if "@" in state:
+        flags.add("REBOOT_REQUESTED")
+    base = state.rstrip(_NODE_SUFFIX)
+    for word in base.split("+"):
+        word = {"drained": "drain", "draining": "drain", "alloc": "allocated",
+                "resv": "reserved", "comp": "completing", "plnd": "planned"}.get(word, word)
+        flags.add(word.upper())
+    return frozenset(flags)
+
+
+def parse_reservations(text: str) -> list[Reservation]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("No reservations"):
+            continue
+        kv = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        try:
+            out.append(Reservation(kv.get("ReservationName", "?"), float(kv["StartTime"]),
+                                   float(kv["EndTime"]), expand(kv.get("Nodes", ""))))
+        except (KeyError, ValueError):
+            raise BackendError(f"unexpected reservation line: {line!r}") from None
+    return out
+
+
+# ---------------------------------------------------------------- JSON formats
+
+def number(value: Any) -> float | None:
+    """22.05 plain numbers and 23.11+ ``{set, infinite, number}`` → float or None."""
+    if isinstance(value, Mapping):
+        if not value.get("set", False) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _states(value: Any, flags: Any = ()) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    return [str(s).upper() for s in list(value or []) + list(flags or [])]
+
+
+def release(data: Mapping) -> str:
+    meta = data.get("meta", {})
+    slurm = meta.get("Slurm") or meta.get("slurm") or {}
+    return str(slurm.get("release", ""))
+
+
+def jobs_from_json(data: Mapping) -> list[JobRecord]:
+    out = []
+    for j in data.get("jobs", []):
+        states = _states(j.get("job_state"))
+        state = states[0] if states else "UNKNOWN"
+        start = number(j.get("start_time"))
+        sched = j.get("scheduled_nodes") or ""
+        out.append(JobRecord(
+            str(j["job_id"]), j.get("partition", ""), state, j.get("state_reason", "") or "",
+            int(number(j.get("node_count")) or 0), expand(j.get("nodes") or ""),
+            start if start else None, expand(sched), number(j.get("submit_time")),
+            j.get("name", ""), j.get("user_name", ""), j.get("comment") or "",
+            int(number(j.get("restart_cnt")) or 0)))
+    return out
+
+
+def nodes_from_json(data: Mapping) -> list[NodeRecord]:
+    out = []
+    for n in data.get("nodes", []):
+        feats = n.get("features", "")
+        if isinstance(feats, list):
+            feats = ",".join(feats)
+        out.append(NodeRecord(n["name"], frozenset(_states(n.get("state"), n.get("state_flags"))),
+                              n.get("gres", "") or "", feats or ""))
+    return out
+
+
+# ---------------------------------------------------------------- the job tag
+
+TAG = "malletrain:v1"
+
+
+@dataclass(frozen=True)
+class Tag:
+    """What ``malletrain submit`` writes into ``--comment``: the job's spec.
+
+    The daemon re-adopts jobs from Slurm alone, so the spec travels with the
+    job.  ``token`` makes submissions idempotent.
+    """
+
+    token: str
+    min_nodes: int
+    max_nodes: int
+    profile: str = ""
+    rescale_up_s: float = 0.0
+    rescale_down_s: float = 0.0
+    metrics_dir: str = ""
+
+    def encode(self) -> str:
+        fields = [("token", self.token), ("min", self.min_nodes), ("max", self.max_nodes),
+                  ("profile", self.profile), ("up", self.rescale_up_s),
+                  ("down", self.rescale_down_s), ("metrics", self.metrics_dir)]
+        return TAG + " " + " ".join(f"{k}={quote(str(v), safe='/.-_')}" for k, v in fields)
+
+
+def parse_tag(comment: str) -> Tag | None:
+    """The tag in a job's comment, or None when the job is not malleable."""
+    if not comment.startswith(TAG + " "):
+        return None
+    try:
+        kv = dict(tok.split("=", 1) for tok in comment[len(TAG) + 1:].split())
+        kv = {k: unquote(v) for k, v in kv.items()}
+        tag = Tag(kv["token"], int(kv["min"]), int(kv["max"]), kv.get("profile", ""),
+                  float(kv.get("up", 0)), float(kv.get("down", 0)), kv.get("metrics", ""))
+    except (KeyError, ValueError):
+        return None
+    if not (1 <= tag.min_nodes <= tag.max_nodes):
+        return None
+    return tag

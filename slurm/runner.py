@@ -1,0 +1,132 @@
+"""The one subprocess seam every Slurm command goes through.
+
+* argv lists only, never a shell; every call has a timeout;
+* a sanitised environment: ``SQUEUE_*``, ``SINFO_*``, ``SBATCH_*``,
+  ``SCONTROL_*``, ``SLURM_TIME_FORMAT`` … from the caller are dropped (they
+  change output formats), ``LC_ALL=C`` and ``SLURM_TIME_FORMAT=%s`` (epoch
+  seconds) are set, ``SLURM_CONF`` is passed when configured;
+* read commands are retried with jittered exponential backoff; write
+  commands are not (their callers decide what is safe to repeat);
+* a failure raises :class:`SlurmCommandError` carrying argv, rc and stderr;
+* every call is counted and timed (read/write, latency) for the cycle's
+  benchmark and the Prometheus metrics.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from malletrain.errors import BackendError
+
+log = logging.getLogger("malletrain.slurm")
+
+_DROP_PREFIXES = ("SQUEUE_", "SINFO_", "SBATCH_", "SCONTROL_", "SRUN_", "SALLOC_", "SACCT_")
+_DROP = {"SLURM_TIME_FORMAT", "SLURM_CONF", "LANG", "LANGUAGE"}
+
+
+class SlurmCommandError(BackendError):
+    """A Slurm command failed, timed out or could not be run."""
+
+    def __init__(self, argv: Sequence[str], rc: int | None, stderr: str,
+                 timed_out: bool = False) -> None:
+        self.argv, self.rc, self.stderr, self.timed_out = list(argv), rc, stderr.strip(), timed_out
+        what = "timed out" if timed_out else f"exited {rc}"
+        super().__init__(f"{' '.join(self.argv)} {what}: {self.stderr or '(no stderr)'}")
+
+
+@dataclass
+class CommandStats:
+    """Counters since the last :meth:`take` (one cycle) and in total."""
+
+    reads: int = 0
+    writes: int = 0
+    failures: int = 0
+    latencies_s: list = field(default_factory=list)   # (argv[0], seconds, kind)
+    total_reads: int = 0
+    total_writes: int = 0
+    total_failures: int = 0
+
+    def take(self) -> tuple[int, int, list]:
+        out = (self.reads, self.writes, self.latencies_s)
+        self.reads, self.writes, self.latencies_s = 0, 0, []
+        return out
+
+
+def clean_env(base: Mapping[str, str], slurm_conf: str | None) -> dict[str, str]:
+    env = {k: v for k, v in base.items()
+           if not k.startswith(_DROP_PREFIXES) and k not in _DROP}
+    env["LC_ALL"] = "C"
+    env["SLURM_TIME_FORMAT"] = "%s"
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    return env
+
+
+class Runner:
+    """Runs Slurm commands; ``exec_fn`` is replaceable for unit tests."""
+
+    def __init__(self, *, slurm_conf: str | None = None, timeout_s: float = 10.0,
+                 retries: int = 3, backoff_s: float = 0.5,
+                 exec_fn: Callable[..., subprocess.CompletedProcess] | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 rng: random.Random | None = None) -> None:
+        self.env = clean_env(os.environ, slurm_conf)
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self._exec = exec_fn or subprocess.run
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self.stats = CommandStats()
+
+    def read(self, argv: Sequence[str], timeout_s: float | None = None) -> str:
+        """Run a read-only command; retried on failure.  Returns stdout."""
+        last: SlurmCommandError | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + self._rng.random())
+                log.warning("retrying %s in %.1fs (attempt %d): %s", argv[0], delay, attempt + 1, last)
+                self._sleep(delay)
+            try:
+                return self._once(argv, timeout_s, "read")
+            except SlurmCommandError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    def write(self, argv: Sequence[str], timeout_s: float | None = None) -> str:
+        """Run a command that changes state; never retried here."""
+        return self._once(argv, timeout_s, "write")
+
+    def _once(self, argv: Sequence[str], timeout_s: float | None, kind: str) -> str:
+        argv = [str(a) for a in argv]
+        t0 = time.perf_counter()
+        if kind == "read":
+            self.stats.reads += 1
+            self.stats.total_reads += 1
+        else:
+            self.stats.writes += 1
+            self.stats.total_writes += 1
+        try:
+            proc = self._exec(argv, capture_output=True, text=True, env=self.env,
+                              timeout=timeout_s or self.timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            self._failed()
+            err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            raise SlurmCommandError(argv, None, err, timed_out=True) from None
+        except OSError as exc:
+            self._failed()
+            raise SlurmCommandError(argv, None, str(exc)) from None
+        finally:
+            self.stats.latencies_s.append((argv[0], time.perf_counter() - t0, kind))
+        if proc.returncode != 0:
+            self._failed()
+            raise SlurmCommandError(argv, proc.returncode, proc.stderr or "")
+        return proc.stdout
+
+    def _failed(self) -> None:
+        self.stats.failures += 1
+        self.stats.total_failures += 1
