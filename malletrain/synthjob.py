@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64, help="samples per step")
     p.add_argument("--startup-s", type=float, default=1.0, help="restore cost before the first step")
     p.add_argument("--checkpoint", required=True, help="checkpoint file (JSON)")
+    p.add_argument("--checkpoint-s", type=float, default=0.0, help="time a checkpoint takes to write")
     p.add_argument("--report-s", type=float, default=0.5, help="at most one progress record per this many s")
     args = p.parse_args(argv)
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             pass   # never block or kill training over the metrics file
 
     def checkpoint() -> None:
+        time.sleep(args.checkpoint_s)
         tmp = args.checkpoint + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump({"samples": done}, fh)

@@ -1,0 +1,221 @@
+"""Unit tests of the Slurm side that need no cluster: parsing (22.05 and 23.11+
+shapes), the subprocess seam, progress tailing, config, submission script."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from malletrain.config import config_from_mapping, load_config
+from malletrain.errors import BackendError, ConfigError
+from malletrain.progress import ProgressTail
+from malletrain.service import JsonFormatter, Metrics, Notifier
+from malletrain.usercmd import build_submission
+from slurm import parse
+from slurm.runner import Runner, SlurmCommandError, clean_env
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def _load(name):
+    with open(os.path.join(FIX, name)) as fh:
+        return fh.read() if name.endswith(".txt") else json.load(fh)
+
+
+@pytest.mark.parametrize("version", ["22.05", "23.11"])
+def test_json_shapes_normalise_to_the_same_records(version):
+    jobs = {j.job_id: j for j in parse.jobs_from_json(_load(f"squeue-{version}.json"))}
+    held, running, pending = jobs["7"], jobs["8"], jobs["9"]
+    assert held.phase is parse.Phase.HELD and parse.parse_tag(held.comment).max_nodes == 4
+    assert running.phase is parse.Phase.RUNNING and running.nodes == ("n1", "n2", "n3")
+    assert running.node_count == 3 and running.start_s == 1795352834
+    assert pending.phase is parse.Phase.PENDING and pending.start_s == 1795352894
+    nodes = {n.name: n for n in parse.nodes_from_json(_load(f"sinfo-{version}.json"))}
+    assert not nodes["n4"].harvestable and "PLANNED" in nodes["n4"].states
+    assert not nodes["n1"].harvestable and "ALLOCATED" in nodes["n1"].states
+    assert parse.release(_load(f"squeue-{version}.json")).startswith(version)
+
+
+def test_text_formats_agree_with_json():
+    text = {j.job_id: j for j in parse.parse_squeue(_load("squeue-22.05.txt"))}
+    js = {j.job_id: j for j in parse.jobs_from_json(_load("squeue-22.05.json"))}
+    for jid in ("7", "8", "9"):
+        a, b = text[jid], js[jid]
+        assert (a.phase, a.nodes, a.node_count, a.partition) == (b.phase, b.nodes, b.node_count, b.partition)
+    assert text["9"].start_s == js["9"].start_s and text["9"].sched_nodes == ("n1", "n2", "n3", "n4")
+    nodes = {n.name: n for n in parse.parse_sinfo(_load("sinfo-22.05.txt"))}
+    assert nodes["n4"].states == {"PLANNED"} and not nodes["n4"].harvestable
+
+
+@pytest.mark.parametrize("state,harvestable", [
+    ("idle", True), ("idle*", False), ("idle~", False), ("planned", False), ("reserved", False),
+    ("drained", False), ("idle+drain", False), ("down*", False), ("mixed", False), ("allocated", False)])
+def test_node_states(state, harvestable):
+    (n,) = parse.parse_sinfo(f"n1|{state}|gpu:a100:4|(null)\n")
+    assert n.harvestable is harvestable
+    assert n.node_type == "a100"
+
+
+def test_numbers_and_bad_lines():
+    assert parse.number({"set": True, "infinite": False, "number": 5}) == 5
+    assert parse.number({"set": False, "infinite": False, "number": 5}) is None
+    assert parse.number({"set": True, "infinite": True, "number": 0}) is None
+    assert parse.number(7) == 7 and parse.number(None) is None
+    with pytest.raises(BackendError, match="want 12 fields"):
+        parse.parse_squeue("1|batch|RUNNING\n")
+    with pytest.raises(BackendError, match="node list"):
+        parse.expand("n[1-")
+    with pytest.raises(BackendError, match="epoch"):
+        parse.parse_squeue("1|b|PENDING|r|1||2026-01-01T00:00:00|(null)|1|x|u|(null)\n")
+
+
+def test_reservations():
+    text = ("ReservationName=maint StartTime=100 EndTime=200 Duration=00:01:40 Nodes=n[1-2] NodeCnt=2\n")
+    (r,) = parse.parse_reservations(text)
+    assert (r.start_s, r.end_s, r.nodes) == (100, 200, ("n1", "n2"))
+    assert parse.parse_reservations("No reservations in the system\n") == []
+
+
+def test_tag_roundtrip_and_garbage():
+    tag = parse.Tag("t0k", 2, 8, "resnet", 30.0, 20.0, "/home/a b/m")
+    assert parse.parse_tag(tag.encode()) == tag
+    assert parse.parse_tag("") is None
+    assert parse.parse_tag("malletrain:v1 token=x min=3 max=2") is None
+    assert parse.parse_tag("malletrain:v1 min=oops") is None
+
+
+# ---------------------------------------------------------------- runner
+
+class FakeExec:
+    def __init__(self, script):
+        self.script, self.calls = list(script), []
+
+    def __call__(self, argv, **kw):
+        self.calls.append((argv, kw))
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        rc, out, err = step
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+def test_runner_env_is_sanitised():
+    env = clean_env({"SQUEUE_FORMAT": "%i", "SINFO_SORT": "x", "SBATCH_PARTITION": "p", "PATH": "/bin",
+                     "SLURM_TIME_FORMAT": "relative", "LANG": "de_DE"}, "/etc/s.conf")
+    assert env == {"PATH": "/bin", "LC_ALL": "C", "SLURM_TIME_FORMAT": "%s", "SLURM_CONF": "/etc/s.conf"}
+
+
+def test_runner_retries_reads_with_backoff_then_raises():
+    sleeps = []
+    fake = FakeExec([(1, "", "slurm_load_jobs error: Unable to contact slurm controller"),
+                     subprocess.TimeoutExpired(["squeue"], 1.0), (0, "ok\n", "")])
+    r = Runner(exec_fn=fake, sleep=sleeps.append, retries=3, backoff_s=0.5)
+    assert r.read(["squeue", "-h"]) == "ok\n"
+    assert len(sleeps) == 2 and 0.25 <= sleeps[0] <= 0.75 and 0.5 <= sleeps[1] <= 1.5
+    assert all(kw["timeout"] == r.timeout_s and "shell" not in kw for _, kw in fake.calls)
+    fake = FakeExec([subprocess.TimeoutExpired(["sinfo"], 1.0)] * 2)
+    r = Runner(exec_fn=fake, sleep=lambda s: None, retries=1)
+    with pytest.raises(SlurmCommandError) as err:
+        r.read(["sinfo"])
+    assert err.value.timed_out and err.value.argv == ["sinfo"] and "timed out" in str(err.value)
+
+
+def test_runner_never_retries_writes():
+    fake = FakeExec([(1, "", "Invalid job id specified")])
+    r = Runner(exec_fn=fake, sleep=lambda s: None, retries=3)
+    with pytest.raises(SlurmCommandError) as err:
+        r.write(["scontrol", "release", "99"])
+    assert err.value.rc == 1 and "Invalid job id" in err.value.stderr and len(fake.calls) == 1
+    assert r.stats.total_writes == 1 and r.stats.total_failures == 1
+
+
+# ---------------------------------------------------------------- progress files
+
+def _rec(t, samples, nodes=2, restart=0, event="progress"):
+    return json.dumps(dict(t=t, job="5", step=int(samples), samples=samples, step_s=0.1, world=nodes,
+                           nodes=nodes, node="n1", event=event, restart=restart)) + "\n"
+
+
+def test_progress_tail_incremental_and_garbage(tmp_path):
+    path = tmp_path / "5.jsonl"
+    tail = ProgressTail(max_line_bytes=300)
+    path.write_text(_rec(0, 0, event="start") + _rec(1, 100) + _rec(2, 300) + "{not json\n"
+                    + "x" * 1000 + "\n" + json.dumps({"t": "nan?", "samples": 1}) + "\n"
+                    + json.dumps({"t": 3, "samples": -5, "nodes": 2}) + "\n" + _rec(3, 500)[:20])
+    s = tail.poll("5", str(path))
+    assert [(x.nodes, x.samples_per_s) for x in s] == [(2, 200.0)]
+    assert tail.counters.bad == 3 and tail.counters.oversized == 1
+    with open(path, "a") as fh:            # the half-written line is completed later
+        fh.write(_rec(3, 500)[20:] + _rec(4, 600, nodes=4) + _rec(5, 1000, nodes=4))
+    s = tail.poll("5", str(path))
+    assert [(x.nodes, x.samples_per_s) for x in s] == [(2, 200.0), (4, 400.0)]
+    saved = tail.dump()
+    again = ProgressTail()
+    again.load(saved)
+    assert again.poll("5", str(path)) == []          # a restarted daemon does not re-read
+    path.write_text(_rec(10, 0, restart=1, event="start"))   # truncated/rotated: read from 0
+    assert again.poll("5", str(path)) == [] and again.files[str(path)].offset > 0
+    assert tail.poll("5", str(tmp_path / "missing.jsonl")) == []
+
+
+# ---------------------------------------------------------------- config
+
+def test_config_unknown_keys_list_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match="valid keys: .*interval_s.*vacate_lead_s"):
+        config_from_mapping({"daemon": {"interval": 5}}, "c.yaml")
+    with pytest.raises(ConfigError, match="valid sections: core, slurm, daemon"):
+        config_from_mapping({"deamon": {}}, "c.yaml")
+    with pytest.raises(ConfigError, match="core.policy"):
+        config_from_mapping({"core": {"policy": "magic"}}, "c.yaml")
+    p = tmp_path / "c.yaml"
+    p.write_text("daemon:\n  interval_s: [1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(p))
+    p.write_text("daemon:\n  interval_s: 2\nslurm:\n  partition: harvest\n")
+    cfg = load_config(str(p))
+    assert cfg.daemon.interval_s == 2 and cfg.slurm.partition == "harvest"
+
+
+# ---------------------------------------------------------------- submission
+
+def test_submission_matches_golden():
+    argv, script = build_submission(
+        ["python", "train.py", "--lr", "0.1 0.2"], name="lr", min_nodes=1, max_nodes=4,
+        gpus_per_node=4, profile="resnet", time_limit="1:00:00", rescale_up_s=30,
+        rescale_down_s=20, metrics_dir="/home/u/.malletrain/metrics", partition="scavenger",
+        token="0123456789abcdef", script_path="/home/u/.malletrain/metrics/job-0123456789abcdef.sbatch")
+    with open(os.path.join(GOLDEN, "submit.argv.json")) as fh:
+        assert argv == json.load(fh)
+    with open(os.path.join(GOLDEN, "submit.sbatch")) as fh:
+        assert script == fh.read()
+
+
+# ---------------------------------------------------------------- service bits
+
+def test_json_logs_metrics_and_notify(tmp_path):
+    import logging
+    import socket
+    rec = logging.LogRecord("malletrain.slurm", logging.INFO, __file__, 1, "job %s grew", ("5",), None)
+    rec.cycle, rec.job, rec.reason = 7, "5", "probe"
+    out = json.loads(JsonFormatter().format(rec))
+    assert out["msg"] == "job 5 grew" and out["cycle"] == 7 and out["job"] == "5" and out["reason"] == "probe"
+    m = Metrics()
+    m.describe("x_total", "counter", "x")
+    m.inc("x_total", 2)
+    m.observe("lat_seconds", 0.5, command="squeue")
+    text = m.render()
+    assert "# TYPE x_total counter" in text and "x_total 2" in text
+    assert 'lat_seconds_count{command="squeue"} 1' in text
+    sock_path = str(tmp_path / "notify")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    n = Notifier({"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "3000000"})
+    n.ready("hi")
+    n.watchdog()
+    n.stopping()
+    got = [srv.recv(100).decode() for _ in range(3)]
+    assert got == ["READY=1\nSTATUS=hi", "WATCHDOG=1", "STOPPING=1"]
+    assert Notifier({}).send("READY=1") is False
