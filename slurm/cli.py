@@ -30,7 +30,7 @@ from malletrain.config import DaemonConfig, SlurmConfig
 from malletrain.model import Action, ActionKind, JobSpec, JobState, Node, Snapshot
 from malletrain.progress import ProgressTail
 from slurm.backend import Observation
-from slurm.parse import (SINFO_FORMAT, SQUEUE_FORMAT, JobRecord, Phase, Reservation, Tag,
+from slurm.parse import (SINFO_FORMAT, SQUEUE_FORMAT, JobRecord, NodeRecord, Phase, Reservation, Tag,
                          collect, is_held, parse_reservations, parse_sinfo, parse_squeue, parse_tag)
 from slurm.runner import Runner, SlurmCommandError
 
@@ -81,9 +81,8 @@ class SlurmBackend:
     # ------------------------------------------------------------ observe
     def observe(self) -> Observation:
         now = self.clock()
-        jobs = parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
-        nodes = parse_sinfo(self.runner.read(
-            ["sinfo", "-h", "-N", "-p", self.slurm.partition, "-o", SINFO_FORMAT]))
+        jobs = self._jobs()
+        nodes = self._nodes()
         every = self.slurm.reservations_every
         if every and self._cycle % every == 0:
             self._reservations = parse_reservations(
@@ -140,6 +139,13 @@ class SlurmBackend:
         snap = Snapshot(now, pool, tuple(states))
         gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
         return Observation(snap, tuple(samples), tuple(finished), profiles, gen)
+
+    def _jobs(self) -> list[JobRecord]:
+        return parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+
+    def _nodes(self) -> list[NodeRecord]:
+        return parse_sinfo(self.runner.read(
+            ["sinfo", "-h", "-N", "-p", self.slurm.partition, "-o", SINFO_FORMAT]))
 
     def _job_state(self, r: JobRecord, tag: Tag, now: float, pool: set[str],
                    soon: set[str]) -> JobState | None:

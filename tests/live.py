@@ -1,0 +1,147 @@
+"""Helpers for the tests that run against the real local Slurm cluster."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
+TEST_DIR = os.environ.get("MALLETRAIN_TEST_SLURM_DIR", os.path.join(ROOT, ".local-slurm-test"))
+TEST_PORT = os.environ.get("MALLETRAIN_TEST_SLURM_PORT", "7817")
+GRACE_S = 10
+
+
+def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.env = dict(os.environ, LOCAL_SLURM_DIR=TEST_DIR, LOCAL_SLURM_PORT=TEST_PORT)
+        self.conf = None
+
+    def script(self, *args: str) -> str:
+        out = subprocess.run(["bash", SCRIPT, *args, "--dir", TEST_DIR], env=self.env,
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"local-slurm.sh {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    def up(self) -> None:
+        out = self.script("up", "--nodes", "4", "--grace", str(GRACE_S))
+        line = [x for x in out.splitlines() if x.startswith("SLURM_CONF=")][-1]
+        self.conf = line.split("=", 1)[1]
+        self.env["SLURM_CONF"] = self.conf
+        self.env["SLURM_TIME_FORMAT"] = "%s"
+
+    def sh(self, *argv: str, check: bool = True) -> str:
+        out = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=60)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {out.stderr}")
+        return out.stdout
+
+    def jobs(self) -> dict[str, dict]:
+        out = self.sh("squeue", "-h", "-a", "-o", "%i|%P|%T|%r|%N|%k|%S")
+        res = {}
+        for line in out.splitlines():
+            jid, part, state, reason, nodes, comment, start = line.split("|", 6)
+            res[jid] = dict(partition=part, state=state, reason=reason, nodes=nodes,
+                            comment=comment, start=start)
+        return res
+
+    def job_times(self, jid: str) -> dict:
+        out = self.sh("scontrol", "-o", "show", "job", jid)
+        kv = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+        return {k: kv.get(k) for k in ("JobState", "StartTime", "EndTime", "NodeList", "Restarts")}
+
+    def clean(self) -> None:
+        self.sh("scancel", "--full", "-u", "root", check=False)
+        self.sh("scancel", "-u", "root", check=False)
+        wait_until(lambda: not any(j["state"] in ("RUNNING", "COMPLETING", "CONFIGURING")
+                                   for j in self.jobs().values()), 60, "jobs to end")
+        wait_until(lambda: self.sh("sinfo", "-h", "-N", "-p", "scavenger", "-o", "%T").split()
+                   == ["idle"] * 4, 60, "all nodes idle")
+
+    def submit_synth(self, tmp, name: str, *, lo=1, hi=4, work=1e9, rate=100.0, alpha=0.1,
+                     checkpoint_s=0.0, up=2, down=1) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "malletrain", "submit", "--name", name, "--min-nodes", str(lo),
+             "--max-nodes", str(hi), "--rescale-up", str(up), "--rescale-down", str(down),
+             "--metrics-dir", str(tmp / "metrics"), "--",
+             sys.executable, "-m", "malletrain.synthjob", "--work", str(work), "--rate", str(rate),
+             "--alpha", str(alpha), "--checkpoint", str(tmp / f"{name}.ckpt"),
+             "--checkpoint-s", str(checkpoint_s), "--startup-s", "0.5", "--report-s", "0.3"],
+            env=dict(self.env, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+
+class DaemonProc:
+    """``malletrain daemon`` as a subprocess, as systemd would run it."""
+
+    def __init__(self, tmp, cluster: Cluster, *, interval_s=2.0, vacate_lead_s=60.0,
+                 name="daemon", extra: dict | None = None) -> None:
+        self.tmp, self.cluster = tmp, cluster
+        self.state_dir = tmp / "state"
+        self.config = tmp / f"{name}.yaml"
+        self.log_path = tmp / f"{name}.log"
+        cfg = {"core": {"horizon_s": 300, "min_dwell_s": 4},
+               "slurm": {"slurm_conf": cluster.conf, "command_timeout_s": 5, "retries": 1,
+                         "backoff_s": 0.3},
+               "daemon": {"interval_s": interval_s, "state_dir": str(self.state_dir),
+                          "metrics_port": 0, "vacate_lead_s": vacate_lead_s, "rescale_wait_s": 30,
+                          "start_timeout_s": 30}}
+        for sec, vals in (extra or {}).items():
+            cfg[sec].update(vals)
+        import yaml
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.proc = None
+
+    def start(self) -> "DaemonProc":
+        self.log = open(self.log_path, "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "malletrain", "daemon", "--config",
+                                      str(self.config)], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(self.cluster.env, PYTHONPATH=ROOT))
+        return self
+
+    def lines(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"msg": line})
+        return out
+
+    def status(self) -> dict | None:
+        try:
+            return json.loads((self.state_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, timeout_s=60) -> int:
+        if self.alive():
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout_s)
+        self.log.close()
+        return self.proc.returncode
+
+
+def metrics_records(tmp, job: str) -> list[dict]:
+    path = tmp / "metrics" / f"{job}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

@@ -1,0 +1,309 @@
+"""Against a real Slurm cluster: slurmctld + 4 slurmd started by scripts/local-slurm.sh.
+
+These need root (slurmd) and Debian's Slurm packages, which the script installs;
+CI runs them through the README's test command.  Nothing here is faked: the
+jobs are sbatch jobs running the synthetic malleable job, the daemon is the
+``malletrain daemon`` process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from live import GRACE_S, Cluster, DaemonProc, metrics_records, wait_until
+from malletrain.config import DaemonConfig, SlurmConfig
+from malletrain.model import Action, ActionKind
+from slurm.cli import SlurmBackend, find_token, submit
+from slurm.parse import parse_tag
+from slurm.runner import Runner, SlurmCommandError
+
+pytestmark = pytest.mark.slow
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "benchmarks", "results")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
+    c = Cluster()
+    c.up()
+    c.clean()
+    yield c
+    c.clean()
+    c.script("down")
+
+
+@pytest.fixture
+def clean(cluster):
+    cluster.clean()
+    yield cluster
+    cluster.clean()
+
+
+def _ours(cluster) -> dict[str, dict]:
+    return {j: r for j, r in cluster.jobs().items() if parse_tag(r["comment"]) is not None}
+
+
+def _running_nodes(cluster) -> dict[str, str]:
+    return {j: r["nodes"] for j, r in _ours(cluster).items() if r["state"] == "RUNNING"}
+
+
+# ---------------------------------------------------------------- backend contract
+
+def _cli_backend(cluster, tmp):
+    runner = Runner(slurm_conf=cluster.conf, timeout_s=10)
+    return SlurmBackend(runner, SlurmConfig(), DaemonConfig(state_dir=str(tmp), rescale_wait_s=30))
+
+
+def _pyslurm_backend(cluster, tmp):
+    from slurm.pyslurm_backend import PyslurmBackend, available
+    ok, why = available(Runner(slurm_conf=cluster.conf))
+    if not ok:
+        pytest.skip(f"pyslurm backend not testable here: {why}")
+    return PyslurmBackend(cluster.conf, SlurmConfig(), DaemonConfig(state_dir=str(tmp)))
+
+
+@pytest.mark.parametrize("factory", [_cli_backend, _pyslurm_backend], ids=["cli", "pyslurm"])
+def test_backend_contract(clean, tmp_path, factory):
+    """observe sees idle nodes and held jobs; START/GROW/SHRINK/STOP keep the job id."""
+    cluster = clean
+    backend = factory(cluster, tmp_path)
+    job = cluster.submit_synth(tmp_path, "contract")
+    obs = backend.observe()
+    assert sorted(n.name for n in obs.snapshot.nodes) == ["n1", "n2", "n3", "n4"]
+    (st,) = [j for j in obs.snapshot.jobs if j.job_id == job]
+    assert st.nodes == () and (st.spec.min_nodes, st.spec.max_nodes) == (1, 4)
+
+    def act(kind, frm, to):
+        backend.apply([Action(job, kind, tuple(frm), tuple(to), "test")])
+
+    act(ActionKind.START, (), ("n2",))
+    wait_until(lambda: _running_nodes(cluster).get(job) == "n2", 30, "start on n2")
+    backend.observe()
+    act(ActionKind.GROW, ("n2",), ("n2", "n3", "n4"))
+    wait_until(lambda: _running_nodes(cluster).get(job) == "n[2-4]", 40, "grow to n[2-4]")
+    backend.observe()
+    act(ActionKind.SHRINK, ("n2", "n3", "n4"), ("n3",))
+    wait_until(lambda: _running_nodes(cluster).get(job) == "n3", 40, "shrink to n3")
+    backend.observe()
+    act(ActionKind.STOP, ("n3",), ())
+    wait_until(lambda: _ours(cluster)[job]["state"] == "PENDING", 40, "stop (held)")
+    assert list(_ours(cluster)) == [job]
+    assert cluster.job_times(job)["Restarts"] == "3"
+    recs = metrics_records(tmp_path, job)
+    assert {r["nodes"] for r in recs} >= {1, 3} and max(r["restart"] for r in recs) == 2
+
+
+def test_command_timeout_is_a_clear_error(cluster):
+    r = Runner(slurm_conf=cluster.conf, timeout_s=0.001, retries=0)
+    with pytest.raises(SlurmCommandError, match="timed out") as err:
+        r.read(["squeue", "-h"])
+    assert err.value.argv == ["squeue", "-h"]
+
+
+def test_submit_is_idempotent_when_sbatch_times_out_after_submitting(clean, tmp_path):
+    """sbatch succeeded but its reply was lost: the retry finds the token, no duplicate."""
+    calls = []
+
+    def lossy(argv, **kw):
+        calls.append(argv[0])
+        out = subprocess.run(argv, **kw)
+        if argv[0] == "sbatch" and calls.count("sbatch") == 1:
+            raise subprocess.TimeoutExpired(argv, kw["timeout"])
+        return out
+
+    runner = Runner(slurm_conf=clean.conf, exec_fn=lossy)
+    script = tmp_path / "j.sh"
+    script.write_text("#!/bin/bash\nsleep 100\n")
+    tag = "malletrain:v1 token=idem42 min=1 max=2 profile=p up=0 down=0 metrics="
+    argv = ["sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--hold", "--requeue",
+            f"--comment={tag}", "-o", "/dev/null", str(script)]
+    job = submit(runner, argv, "idem42")
+    assert calls.count("sbatch") == 1
+    assert [j for j, r in clean.jobs().items() if "idem42" in r["comment"]] == [job]
+    assert find_token(runner, "idem42") == job
+
+
+# ---------------------------------------------------------------- daemon behaviour
+
+def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
+    cluster = clean
+    a = cluster.submit_synth(tmp_path, "a", alpha=0.05)
+    b = cluster.submit_synth(tmp_path, "b", alpha=0.3)
+    d = DaemonProc(tmp_path, cluster).start()
+    try:
+        wait_until(lambda: len(_running_nodes(cluster)) == 2 and
+                   sum(len(metrics_records(tmp_path, j)) for j in (a, b)) > 20, 90,
+                   "both jobs running and reporting")
+        # a primary job takes half the machine: malleable jobs must make room
+        prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "2", "-o", "/dev/null",
+                          "--wrap", "sleep 25").strip()
+        wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 60,
+                   "the primary job to start")
+        wait_until(lambda: cluster.jobs().get(prim) is None or
+                   cluster.jobs()[prim]["state"] not in ("RUNNING", "COMPLETING"), 60,
+                   "the primary job to end")
+        # ...and when it is gone they take the nodes back
+        def all_nodes_harvested():
+            st = d.status()
+            return st and st["idle_nodes"] == 0 and sum(j["size"] for j in st["jobs"]) == 4
+        wait_until(all_nodes_harvested, 90, "malleable jobs to hold all 4 nodes again")
+        ours = _ours(cluster)
+        assert sorted(ours) == sorted([a, b]), "job ids must survive rescales"
+        sizes = {j: {r["nodes"] for r in metrics_records(tmp_path, j) if r["event"] == "progress"}
+                 for j in (a, b)}
+        restarts = {j: max(r["restart"] for r in metrics_records(tmp_path, j)) for j in (a, b)}
+        assert any(len(s) >= 2 for s in sizes.values()), sizes
+        assert max(restarts.values()) >= 1, restarts
+        # steady state: a cycle with no change costs at most 3 read commands
+        wait_until(lambda: d.status()["last_cycle"].get("writes") == 0, 30, "a steady cycle")
+        steady = []
+        for _ in range(6):
+            lc = d.status()["last_cycle"]
+            if lc.get("writes") == 0:
+                steady.append(lc["reads"])
+            time.sleep(2.1)
+        assert steady and max(steady) <= 3, steady
+        text = subprocess.run([os.sys.executable, "-m", "malletrain", "status", "--state-dir",
+                               str(d.state_dir)], capture_output=True, text=True, env=cluster.env)
+        assert text.returncode == 0 and a in text.stdout and "running" in text.stdout
+        why = subprocess.run([os.sys.executable, "-m", "malletrain", "explain", a, "--state-dir",
+                              str(d.state_dir)], capture_output=True, text=True, env=cluster.env)
+        assert why.returncode == 0 and "why:" in why.stdout and "recent changes" in why.stdout
+    finally:
+        assert d.stop() == 0
+    assert sorted(_ours(cluster)) == sorted([a, b]), "SIGTERM must not cancel jobs"
+    assert any("stopping after cycle" in x.get("msg", "") for x in d.lines())
+
+
+def _primary_delay(cluster, tmp_path, vacate_lead_s: float) -> dict:
+    """A primary job B (4 nodes) waits for primary A (2 nodes); a malleable job
+    holds the other 2.  Delay = B's start - A's end."""
+    cluster.clean()
+    a = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "2", "-w", "n[1-2]", "-t", "1",
+                   "-o", "/dev/null", "--wrap", "sleep 35").strip()
+    m = cluster.submit_synth(tmp_path, f"m{int(vacate_lead_s)}", lo=1, hi=2, checkpoint_s=3.0)
+    d = DaemonProc(tmp_path, cluster, vacate_lead_s=vacate_lead_s,
+                   name=f"daemon-vacate{int(vacate_lead_s)}").start()
+    try:
+        wait_until(lambda: _running_nodes(cluster).get(m) == "n[3-4]", 60, "malleable job on n[3-4]")
+        b = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "4", "-t", "1", "-o", "/dev/null",
+                       "--wrap", "sleep 5").strip()
+        wait_until(lambda: cluster.job_times(b)["JobState"] in ("RUNNING", "COMPLETED"), 120,
+                   "primary job B to start")
+        ta, tb = cluster.job_times(a), cluster.job_times(b)
+        delay = float(tb["StartTime"]) - float(ta["EndTime"])
+        mt = cluster.job_times(m)
+    finally:
+        d.stop()
+    return dict(vacate_lead_s=vacate_lead_s, delay_s=delay, a_end=ta["EndTime"],
+                b_start=tb["StartTime"], malleable_restarts=mt["Restarts"],
+                vacated=any("vacating" in x.get("msg", "") for x in d.lines()))
+
+
+def test_primary_job_start_delay_with_and_without_proactive_vacate(clean, tmp_path):
+    without = _primary_delay(clean, tmp_path, 0.0)
+    with_ = _primary_delay(clean, tmp_path, 60.0)
+    interval = 2.0
+    report = {"grace_s": GRACE_S, "interval_s": interval, "without_vacate": without, "with_vacate": with_}
+    print(json.dumps(report, indent=1))
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "slurm-primary-delay.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    assert not without["vacated"] and with_["vacated"]
+    assert without["delay_s"] <= GRACE_S + interval + 10
+    assert with_["delay_s"] < without["delay_s"]
+
+
+def test_kill9_mid_cycle_then_restart_loses_and_duplicates_nothing(clean, tmp_path):
+    cluster = clean
+    jobs = [cluster.submit_synth(tmp_path, f"k{i}", checkpoint_s=2.0) for i in range(3)]
+    d = DaemonProc(tmp_path, cluster).start()
+
+    def mid_cycle():   # the daemon logged a change and is requeueing/waiting for it
+        return any(x.get("logger") == "malletrain.slurm" and x.get("action") in ("grow", "shrink", "stop")
+                   for x in d.lines())
+    wait_until(mid_cycle, 120, "a rescale in progress")
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    assert d.proc.returncode == -signal.SIGKILL
+    after_kill = _ours(cluster)
+    assert sorted(after_kill) == sorted(jobs)
+
+    d2 = DaemonProc(tmp_path, cluster, name="daemon2").start()
+    try:
+        assert any("restored" in x.get("msg", "") for x in
+                   wait_until(lambda: d2.lines() or None, 30, "restart log"))
+        def settled():
+            ours = _ours(cluster)
+            st = d2.status()
+            return (st and st["cycle"] > 3 and st["idle_nodes"] == 0 and
+                    sum(len(r["nodes"].split(",")) for r in ours.values() if r["state"] == "RUNNING") > 0 and
+                    all(r["state"] in ("RUNNING", "PENDING") for r in ours.values()))
+        wait_until(settled, 120, "the restarted daemon to re-adopt and run the jobs")
+        ours = _ours(cluster)
+        assert sorted(ours) == sorted(jobs), "no job lost, none duplicated"
+        # none orphaned: every running job is one the daemon knows and plans for
+        st = d2.status()
+        known = {j["job"]: j for j in st["jobs"]}
+        assert set(known) == set(jobs)
+        for j, r in ours.items():
+            if r["state"] == "RUNNING":
+                assert known[j]["state"] == "running" and known[j]["size"] > 0
+            else:   # held jobs wait for nodes only when none are idle
+                assert st["idle_nodes"] == 0
+    finally:
+        d2.stop()
+
+
+def test_slurmctld_outage_is_waited_out(clean, tmp_path):
+    cluster = clean
+    job = cluster.submit_synth(tmp_path, "outage", hi=2)
+    d = DaemonProc(tmp_path, cluster).start()
+    try:
+        wait_until(lambda: job in _running_nodes(cluster), 60, "job running")
+        cluster.script("stop-ctld")
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            assert d.alive(), "the daemon must survive the outage"
+            time.sleep(2)
+        cluster.script("start-ctld")
+        wait_until(lambda: any("Slurm is back" in x.get("msg", "") for x in d.lines()), 90,
+                   "the daemon to log that Slurm is back")
+        c0 = d.status()["cycle"]
+        wait_until(lambda: d.status()["cycle"] >= c0 + 2 and d.status()["slurm_up"], 30,
+                   "cycles after the outage")
+        msgs = [x.get("msg", "") for x in d.lines()]
+        assert any("Slurm is unreachable" in m for m in msgs)
+        assert list(_ours(cluster)) == [job]
+    finally:
+        assert d.stop() == 0
+
+
+def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
+    d = DaemonProc(tmp_path, clean).start()
+    try:
+        wait_until(lambda: d.status(), 30, "first cycle")
+        good = d.config.read_text()
+        d.config.write_text(good.replace("interval_s: 2.0", "interval_s: 2.0\n  bogus_key: 1"))
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: any("reload failed" in x.get("msg", "") for x in d.lines()), 30, "reload error")
+        assert any("valid keys" in x.get("msg", "") for x in d.lines())
+        d.config.write_text(good.replace("interval_s: 2.0", "interval_s: 1.0"))
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: any("config reloaded" in x.get("msg", "") for x in d.lines()), 30, "reload")
+        assert d.alive()
+    finally:
+        assert d.stop() == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("daemon:\n  intervall_s: 3\n")
+    out = subprocess.run([os.sys.executable, "-m", "malletrain", "daemon", "--config", str(bad)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "valid keys" in out.stderr and "interval_s" in out.stderr
