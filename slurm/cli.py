@@ -76,6 +76,7 @@ class SlurmBackend:
         self.idle_nodes = 0
         self.vacating: dict[str, str] = {}          # node -> why it left the pool
         self._reservations: list[Reservation] = []
+        self.windows: dict[str, float] = {}
         self._cycle = 0
 
     # ------------------------------------------------------------ observe
@@ -102,8 +103,11 @@ class SlurmBackend:
                 for n in res.nodes:
                     windows[n] = min(windows.get(n, res.start_s), res.start_s)
 
-        lead = self.daemon.vacate_lead_s
-        soon = {n for n, t in windows.items() if lead > 0 and t <= now + lead}
+        # Nodes a primary job is due on within one interval always go back
+        # (reactive); vacate_lead_s > interval gives them back earlier (proactive).
+        lead = max(self.daemon.vacate_lead_s, self.daemon.interval_s)
+        soon = {n for n, t in windows.items() if t <= now + lead}
+        self.windows = windows
         node_info = {n.name: n for n in nodes}
         self.idle_nodes = sum(1 for n in nodes if n.harvestable)
         pool_names = {n.name for n in nodes if n.harvestable} - soon
@@ -160,14 +164,18 @@ class SlurmBackend:
                 book = replace(book, launching=(), running=nodes)
                 self._put(r.job_id, book)
             if soon & set(nodes):
+                due = min(self.windows[n] for n in soon & set(nodes))
                 self.events.vacates += 1
-                log.info("job %s: vacating %s before a primary job's planned start", r.job_id,
-                         collect(sorted(soon & set(nodes))))
+                log.info("job %s: giving %s back to a primary job planned to start in %.0fs",
+                         r.job_id, collect(sorted(soon & set(nodes))), due - now,
+                         extra={"job": r.job_id, "reason": "primary job planned"})
         elif phase is Phase.PENDING:
-            if book.launching and now - book.launch_t <= self.daemon.start_timeout_s:
+            taken = book.launching and now - book.launch_t > 5.0 and not set(book.launching) <= pool
+            if book.launching and not taken and now - book.launch_t <= self.daemon.start_timeout_s:
                 nodes = book.launching
             else:
-                why = ("did not start within start_timeout_s" if book.launching
+                why = ("lost its nodes to another job before it started" if taken else
+                       "did not start within start_timeout_s" if book.launching
                        else "was requeued by Slurm (preempted)")
                 if not book.launching and book.running:
                     self.events.preemptions += 1
