@@ -1,26 +1,63 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: replays one real day of the Philly GPU
-# cluster (shipped in examples/) with a stream of malleable jobs whose curves
-# are Pollux measurements, once per policy, and prints them side by side.
-# Results (summary.json, timeline.csv, nodes.png, progress.png) land in out/demo/.
+# The main job on the embedded default (fresh Debian 12, as root; a few minutes):
+#  1. installs malletrain (.venv) and Slurm, starts a local 4-node Slurm cluster
+#     (scripts/local-slurm.sh: slurmctld + 4 slurmd, fake GPUs, batch + scavenger);
+#  2. submits 3 malleable jobs with `malletrain submit` (synthetic training jobs that
+#     checkpoint on SIGTERM and write real progress records);
+#  3. runs `malletrain daemon`, which starts, grows and shrinks them on idle nodes;
+#  4. replays 8 jobs of the ALCF Theta 2022 log, time-compressed, into `batch`;
+#  5. prints a report (nodes harvested, primary-job waits, preemptions, rescales)
+#     and `malletrain status`; leaves the cluster down (KEEP_CLUSTER=1 keeps it).
+# Outputs in out/demo-slurm/: report.txt, report.json, daemon.log, state/status.json.
+# REPLAY=1 runs the earlier replay demo (a real Philly day, all policies) instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ "${REPLAY:-0}" = 1 ]; then exec bash "$ROOT/scripts/demo-replay.sh"; fi
 source "$ROOT/scripts/env.sh"
 cd "$ROOT"
-OUT="${OUT:-$ROOT/out/demo}"
-mkdir -p "$OUT"
-for policy in malletrain oracle greedy static; do
-    malletrain replay --trace examples/philly-1day.csv.gz --workload examples/workload-pollux.yaml \
-        --policy "$policy" --noise 0.05 --out "$OUT/$policy"
+OUT="${OUT:-$ROOT/out/demo-slurm}"
+rm -rf "$OUT"; mkdir -p "$OUT/metrics"
+eval "$(bash scripts/local-slurm.sh up --nodes 4 --grace 10 | grep '^SLURM_CONF=' | sed 's/^/export /')"
+echo "[demo] cluster up: $SLURM_CONF"
+scancel --quiet -u "$(id -un)" 2>/dev/null || true
+
+cat > "$OUT/config.yaml" <<EOF
+core:
+  horizon_s: 300
+  min_dwell_s: 6
+slurm:
+  slurm_conf: $SLURM_CONF
+daemon:
+  interval_s: 3
+  state_dir: $OUT/state
+  metrics_port: 0
+  vacate_lead_s: 30
+EOF
+malletrain config check "$OUT/config.yaml"
+
+export MALLETRAIN_METRICS_DIR="$OUT/metrics"
+for spec in "resnet 0.05 1 4" "bert 0.25 1 4" "ncf 0.6 1 2"; do
+    set -- $spec
+    malletrain submit --name "$1" --min-nodes "$3" --max-nodes "$4" --rescale-up 3 --rescale-down 2 -- \
+        "$ROOT/.venv/bin/python" -m malletrain.synthjob --work 1e9 --rate 200 --alpha "$2" \
+        --checkpoint "$OUT/$1.ckpt" --checkpoint-s 1 --report-s 0.5 >/dev/null
 done
-python - "$OUT" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-print(f"\n{'policy':<11}{'useful samples':>16}{'harvested':>11}{'jobs done':>11}{'preempt':>9}{'rescales':>10}{'decide p95':>12}")
-for p in ("malletrain", "oracle", "greedy", "static"):
-    s = json.load(open(os.path.join(out, p, "summary.json")))
-    print(f"{p:<11}{s['useful_samples']:>16.4g}{100*s['harvested_fraction']:>10.1f}%"
-          f"{s['jobs_completed']:>6}/{s['jobs']:<4}{s['preemptions']:>9}{s['rescales']:>10}"
-          f"{s['decision_ms_p95']:>10.1f}ms")
-print(f"\nplots: {out}/<policy>/nodes.png and progress.png")
-PY
+squeue
+
+malletrain daemon --config "$OUT/config.yaml" > "$OUT/daemon.log" 2>&1 &
+DAEMON=$!
+trap 'kill $DAEMON 2>/dev/null || true' EXIT
+echo "[demo] daemon pid $DAEMON; harvesting the idle cluster for 15 s before primary jobs arrive"
+sleep 15
+malletrain status --state-dir "$OUT/state" || true
+
+python -m malletrain.demo_live --stream examples/primary-jobs.csv --out "$OUT" --state-dir "$OUT/state" \
+    --ctld-log "$(dirname "$(dirname "$SLURM_CONF")")/log/slurmctld.log" --max-s 200 | tee "$OUT/driver.log" | grep -v '^\[demo\]' || true
+
+echo; echo "[demo] malletrain status:"; malletrain status --state-dir "$OUT/state" || true
+kill -TERM $DAEMON; wait $DAEMON || true
+trap - EXIT
+echo "[demo] daemon stopped (SIGTERM); its JSON log is $OUT/daemon.log"
+scancel --quiet -u "$(id -un)" || true
+if [ "${KEEP_CLUSTER:-0}" != 1 ]; then bash scripts/local-slurm.sh down; fi
+echo "[demo] report: $OUT/report.txt"
