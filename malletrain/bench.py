@@ -34,6 +34,9 @@ def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
 
 
 def run(args) -> int:
+    if args.bench_command == "slurm":
+        from malletrain.bench_slurm import bench_slurm
+        return bench_slurm(args)
     return {"allocator": bench_allocator, "compare": bench_compare, "jpa": bench_jpa,
             "replay": bench_replay, "quality": bench_quality}[args.bench_command](args)
 

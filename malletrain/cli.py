@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     from malletrain.usercmd import add_commands
     add_commands(sub)
 
+    bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
+                         description="Run N real daemon cycles against the cluster the config names "
+                                     "(benchmarks/slurm.sh sets up the local one).")
+    bs.add_argument("--config", required=True, help="daemon config YAML")
+    bs.add_argument("--cycles", type=_positive(int), default=40)
+    bs.add_argument("--interval", type=_positive(float), default=2.0, metavar="S")
+    bs.add_argument("--json", action="store_true")
+
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")
