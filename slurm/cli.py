@@ -219,8 +219,8 @@ class SlurmBackend:
             try:
                 if a.kind is ActionKind.START:
                     relaunch.append(a)
-                elif book.launching:      # released but not started: hold, no requeue needed
-                    self.runner.write(["scontrol", "hold", a.job_id])
+                elif book.launching and self._hold_launching(a.job_id):
+                    # released but not started: held again, no requeue needed
                     self._put(a.job_id, replace(book, launching=(), last_change_s=now))
                     if a.kind is ActionKind.STOP:
                         self.events.stops += 1
@@ -246,6 +246,13 @@ class SlurmBackend:
                                 a.job_id, self.daemon.rescale_wait_s)
         for a in relaunch:
             self._launch(a)
+
+    def _hold_launching(self, job: str) -> bool:
+        """Hold a job we released; False when it started meanwhile (requeue it instead)."""
+        self.runner.write(["scontrol", "hold", job])
+        out = self.runner.read(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"])
+        state = (out.strip().split("|") + ["", ""])[1]
+        return state in ("PENDING", "")
 
     def _launch(self, a: Action) -> None:
         now = self.clock()

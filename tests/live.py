@@ -90,7 +90,8 @@ class DaemonProc:
     """``malletrain daemon`` as a subprocess, as systemd would run it."""
 
     def __init__(self, tmp, cluster: Cluster, *, interval_s=2.0, vacate_lead_s=60.0,
-                 name="daemon", extra: dict | None = None) -> None:
+                 name="daemon", extra: dict | None = None, env: dict | None = None) -> None:
+        self.extra_env = env or {}
         self.tmp, self.cluster = tmp, cluster
         self.state_dir = tmp / "state"
         self.config = tmp / f"{name}.yaml"
@@ -111,7 +112,7 @@ class DaemonProc:
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "malletrain", "daemon", "--config",
                                       str(self.config)], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=dict(self.cluster.env, PYTHONPATH=ROOT))
+                                     env=dict(self.cluster.env, PYTHONPATH=ROOT, **self.extra_env))
         return self
 
     def lines(self) -> list[dict]:

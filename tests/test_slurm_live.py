@@ -292,8 +292,15 @@ def test_slurmctld_outage_is_waited_out(clean, tmp_path):
 
 
 def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
-    d = DaemonProc(tmp_path, clean).start()
+    import socket
+    sock_path = str(tmp_path / "notify.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    srv.settimeout(30)
+    d = DaemonProc(tmp_path, clean, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "6000000"}).start()
     try:
+        assert srv.recv(200).decode().startswith("READY=1")
+        assert srv.recv(200).decode() == "WATCHDOG=1"
         wait_until(lambda: d.status(), 30, "first cycle")
         good = d.config.read_text()
         d.config.write_text(good.replace("interval_s: 2.0", "interval_s: 2.0\n  bogus_key: 1"))
@@ -306,6 +313,14 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
         assert d.alive()
     finally:
         assert d.stop() == 0
+    msgs = []
+    srv.settimeout(2)
+    try:
+        while True:
+            msgs.append(srv.recv(200).decode())
+    except socket.timeout:
+        pass
+    assert msgs[-1] == "STOPPING=1"
     bad = tmp_path / "bad.yaml"
     bad.write_text("daemon:\n  intervall_s: 3\n")
     out = subprocess.run([os.sys.executable, "-m", "malletrain", "daemon", "--config", str(bad)],

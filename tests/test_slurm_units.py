@@ -219,3 +219,21 @@ def test_json_logs_metrics_and_notify(tmp_path):
     got = [srv.recv(100).decode() for _ in range(3)]
     assert got == ["READY=1\nSTATUS=hi", "WATCHDOG=1", "STOPPING=1"]
     assert Notifier({}).send("READY=1") is False
+
+
+def test_systemd_unit_verifies(tmp_path):
+    """The shipped unit passes `systemd-analyze verify` (binary path pointed at this venv)."""
+    import shutil
+    import sys
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "scripts", "malletrain.service")).read()
+    assert "Type=notify" in text and "ExecReload=" in text and "NoNewPrivileges=yes" in text
+    exe = os.path.join(os.path.dirname(sys.executable), "malletrain")
+    unit = tmp_path / "malletrain.service"
+    unit.write_text(text.replace("/opt/malletrain/.venv/bin/malletrain", exe))
+    out = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True)
+    problems = [x for x in (out.stdout + out.stderr).splitlines() if "malletrain.service" in x]
+    assert out.returncode == 0 and not problems, out.stdout + out.stderr

@@ -1,0 +1,150 @@
+"""SlurmBackend observe/apply logic against a scripted fake of the Slurm CLI
+(the live tests cover the real thing; these pin down the state table)."""
+from __future__ import annotations
+
+import subprocess
+
+from malletrain.config import DaemonConfig, SlurmConfig
+from malletrain.model import Action, ActionKind
+from slurm.cli import Book, SlurmBackend
+from slurm.parse import Tag
+from slurm.runner import Runner
+
+TAG = Tag("tok", 1, 4, "p", 2.0, 1.0, "").encode()
+
+
+class FakeSlurm:
+    """Answers squeue/sinfo/scontrol from a tiny in-memory cluster."""
+
+    def __init__(self):
+        self.jobs = {}      # id -> dict(partition, state, reason, nodes, start, sched, comment)
+        self.nodes = {f"n{i}": "idle" for i in range(1, 5)}
+        self.calls = []
+
+    def __call__(self, argv, **kw):
+        self.calls.append(argv)
+        cmd = argv[0]
+        if cmd == "squeue" and "-j" in argv:
+            ids = argv[argv.index("-j") + 1].split(",")
+            out = "".join(f"{j}|{self.jobs[j]['state']}|{self.jobs[j]['reason']}\n" for j in ids if j in self.jobs)
+        elif cmd == "squeue":
+            out = "".join(
+                f"{j}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
+                f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
+                f"100|job{j}|u|{r['comment']}\n" for j, r in self.jobs.items())
+        elif cmd == "sinfo":
+            out = "".join(f"{n}|{s}|gpu:4|(null)\n" for n, s in self.nodes.items())
+        elif cmd == "scontrol" and argv[1] == "-o":
+            out = "No reservations in the system\n"
+        elif cmd == "scontrol":
+            out = self._scontrol(argv[1:])
+        else:
+            raise AssertionError(argv)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    def _scontrol(self, args):
+        verb, rest = args[0], args[1:]
+        if verb == "requeuehold":
+            j = self.jobs[rest[0]]
+            for n in j["nodes"]:
+                self.nodes[n] = "idle"
+            j.update(state="PENDING", reason="job requeued in held state", nodes=())
+        elif verb == "hold":   # like Slurm: a running job keeps running
+            if self.jobs[rest[0]]["state"] == "PENDING":
+                self.jobs[rest[0]].update(reason="JobHeldUser")
+        elif verb == "update":
+            kv = dict(a.split("=", 1) for a in rest)
+            self.jobs[kv["jobid"]]["req"] = kv["ReqNodeList"]
+        elif verb == "release":
+            self.jobs[rest[0]].update(reason="None")
+        return ""
+
+    def run_pending(self):   # Slurm starts released jobs on their requested nodes
+        import hostlist
+        for j in self.jobs.values():
+            if j["state"] == "PENDING" and j["reason"] == "None" and j.get("req"):
+                j.update(state="RUNNING", nodes=tuple(hostlist.expand_hostlist(j["req"])))
+                for n in j["nodes"]:
+                    self.nodes[n] = "allocated"
+
+
+def _backend(fake, **dc):
+    clock = {"t": 1000.0}
+    saved = {}
+    b = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None),
+                     SlurmConfig(), DaemonConfig(interval_s=2, rescale_wait_s=1, **dc),
+                     clock=lambda: clock["t"], save_book=lambda j, bk: saved.__setitem__(j, bk))
+    return b, clock, saved
+
+
+def _held(fake, jid):
+    fake.jobs[jid] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(), comment=TAG)
+
+
+def test_start_grow_shrink_stop_keep_the_id_and_write_the_book_ahead():
+    fake = FakeSlurm()
+    _held(fake, "7")
+    b, clock, saved = _backend(fake)
+    obs = b.observe()
+    assert [n.name for n in obs.snapshot.nodes] == ["n1", "n2", "n3", "n4"]
+    (job,) = obs.snapshot.jobs
+    assert job.nodes == () and job.spec.max_nodes == 4
+    b.apply([Action("7", ActionKind.START, (), ("n1", "n2"), "why")])
+    assert ["scontrol", "update", "jobid=7", "NumNodes=2-2", "ReqNodeList=n[1-2]", "StartTime=now"] in fake.calls
+    assert saved["7"].launching == ("n1", "n2") and saved["7"].paused_until_s == 1002.0
+    # released but not yet started: the job keeps its nodes in the snapshot
+    clock["t"] += 2
+    (job,) = b.observe().snapshot.jobs
+    assert job.nodes == ("n1", "n2")
+    fake.run_pending()
+    (job,) = b.observe().snapshot.jobs
+    assert job.nodes == ("n1", "n2") and b.books["7"].running == ("n1", "n2")
+    fake.calls.clear()
+    b.apply([Action("7", ActionKind.GROW, ("n1", "n2"), ("n1", "n2", "n3"), "why")])
+    verbs = [c[1] for c in fake.calls if c[0] == "scontrol"]
+    assert verbs == ["requeuehold", "update", "release"]
+    fake.run_pending()
+    b.apply([Action("7", ActionKind.STOP, ("n1", "n2", "n3"), (), "why")])
+    assert fake.jobs["7"]["reason"] == "job requeued in held state"
+    assert list(fake.jobs) == ["7"]
+    assert b.events.starts == 1 and b.events.rescales == 1 and b.events.stops == 1
+
+
+def test_preempted_job_is_held_and_counted():
+    fake = FakeSlurm()
+    fake.jobs["8"] = dict(partition="scavenger", state="RUNNING", reason="None", nodes=("n1",), comment=TAG)
+    fake.nodes["n1"] = "allocated"
+    b, clock, _ = _backend(fake)
+    b.observe()
+    fake.jobs["8"].update(state="PENDING", reason="BeginTime", nodes=())   # Slurm requeued it
+    fake.nodes["n1"] = "idle"
+    obs = b.observe()
+    assert obs.snapshot.jobs == () and fake.jobs["8"]["reason"] == "JobHeldUser"
+    assert b.events.preemptions == 1
+
+
+def test_nodes_due_to_a_primary_job_leave_the_pool():
+    fake = FakeSlurm()
+    fake.jobs["9"] = dict(partition="scavenger", state="RUNNING", reason="None", nodes=("n3", "n4"), comment=TAG)
+    fake.nodes.update(n3="allocated", n4="allocated")
+    fake.jobs["10"] = dict(partition="batch", state="PENDING", reason="Resources", nodes=(),
+                           start=1030, sched=("n2", "n3"), comment="(null)")
+    b, clock, _ = _backend(fake, vacate_lead_s=60)
+    obs = b.observe()
+    assert sorted(n.name for n in obs.snapshot.nodes) == ["n1", "n4"]   # n2, n3 are due in 30 s
+    assert b.events.vacates == 1
+    b2, _, _ = _backend(fake, vacate_lead_s=0)       # reactive only: 30 s > one interval
+    assert sorted(n.name for n in b2.observe().snapshot.nodes) == ["n1", "n2", "n3", "n4"]
+
+
+def test_finished_and_foreign_jobs():
+    fake = FakeSlurm()
+    _held(fake, "11")
+    fake.jobs["12"] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(),
+                           comment="not ours")
+    b, _, saved = _backend(fake)
+    assert [j.job_id for j in b.observe().snapshot.jobs] == ["11"]
+    b.books["11"] = Book(last_change_s=1.0)
+    del fake.jobs["11"]
+    obs = b.observe()
+    assert obs.finished == ("11",) and "11" not in b.books and saved["11"] is None
