@@ -237,7 +237,7 @@ class SlurmBackend:
                 self.events.failed_actions += 1
                 log.error("job %s: %s failed: %s", a.job_id, a.kind.value, exc)
         if requeued:
-            ready = self._wait_held([a.job_id for a in requeued])
+            ready = self._wait_held(requeued)
             for a in requeued:
                 if a.job_id in ready:
                     relaunch.append(a)
@@ -278,19 +278,29 @@ class SlurmBackend:
         else:
             self.events.rescales += 1
 
-    def _wait_held(self, jobs: list[str]) -> set[str]:
+    def _wait_held(self, actions: list[Action]) -> set[str]:
+        """Jobs that are back to PENDING held *and* whose old nodes finished completing,
+        seen so on two polls in a row: a batch step that is still exiting when the job
+        is released again would otherwise complete the new run (observed on 22.05)."""
+        jobs = [a.job_id for a in actions]
+        old = {a.job_id: set(a.from_nodes) for a in actions}
         deadline = time.monotonic() + self.daemon.rescale_wait_s
-        ready: set[str] = set()
+        seen_once: set[str] = set()
         while True:
+            held: set[str] = set()
             try:
                 out = self.runner.read(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"])
+                for line in out.splitlines():
+                    jid, state, reason = (line.split("|") + ["", ""])[:3]
+                    if state == "PENDING" and is_held(reason):
+                        held.add(jid)
+                if held:
+                    busy = {n.name for n in self._nodes() if "COMPLETING" in n.states}
+                    held = {j for j in held if not (old[j] & busy)}
             except SlurmCommandError as exc:
                 log.warning("cannot poll requeued jobs: %s", exc)
-                out = ""
-            for line in out.splitlines():
-                jid, state, reason = (line.split("|") + ["", ""])[:3]
-                if state == "PENDING" and is_held(reason):
-                    ready.add(jid)
+            ready = held & seen_once
+            seen_once = held
             if ready >= set(jobs) or time.monotonic() > deadline:
                 return ready
             time.sleep(0.5)
