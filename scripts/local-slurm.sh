@@ -162,6 +162,9 @@ down() {
     done
     # job steps of an emulated node outlive its slurmd (proctrack/linuxproc)
     pkill -9 -f "slurmstepd: \[" 2>/dev/null || true
+    # wait for everything started from this cluster's config to be gone
+    for _ in $(seq 50); do pgrep -f "$CONF" >/dev/null 2>&1 || break; sleep 0.2; done
+    pkill -9 -f "$CONF" 2>/dev/null || true
     if [ -f "$DIR/started-munge" ]; then
         pkill -x munged 2>/dev/null || true
         rm -f "$DIR/started-munge"
