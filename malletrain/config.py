@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, TypeVar
 
-from malletrain.errors import ConfigError
+from malletrain.errors import ConfigError, yaml_problem
 
 POLICIES = ("malletrain", "oracle", "bftrainer", "greedy", "static")
 ALLOCATORS = ("auto", "dp", "cbc", "highs", "greedy")
@@ -54,10 +54,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "con
     """Build ``cls`` from ``data``; unknown keys and bad types are errors."""
     data = dict(data or {})
     valid = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(valid))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)}; valid keys: "
-                          f"{', '.join(sorted(valid))}", path=where)
+    _reject_unknown(data, sorted(valid), "key", where)
     kwargs = {}
     for key, value in data.items():
         default = valid[key].default
@@ -65,6 +62,13 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "con
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
     return validate(where) if validate else obj
+
+
+def _reject_unknown(data: Mapping, valid: list[str], what: str, where: str) -> None:
+    unknown = sorted(map(str, set(data) - set(valid)))
+    if unknown:
+        raise ConfigError(f"unknown {what}(s) {', '.join(unknown)}; valid {what}s: "
+                          f"{', '.join(valid)}", path=where)
 
 
 def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
@@ -96,12 +100,13 @@ class SlurmConfig:
 
     def validate(self, where: str = "config") -> "SlurmConfig":
         if not self.partition:
-            raise ConfigError("must not be empty", path=where, field="slurm.partition")
+            raise ConfigError("must not be empty", path=where, field="partition")
         for name in ("command_timeout_s", "backoff_s"):
             if not getattr(self, name) > 0:
-                raise ConfigError("must be > 0", path=where, field=f"slurm.{name}")
-        if self.retries < 0 or self.reservations_every < 0:
-            raise ConfigError("must be >= 0", path=where, field="slurm.retries/reservations_every")
+                raise ConfigError("must be > 0", path=where, field=name)
+        for name in ("retries", "reservations_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", path=where, field=name)
         return self
 
 
@@ -122,14 +127,14 @@ class DaemonConfig:
     def validate(self, where: str = "config") -> "DaemonConfig":
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
             if not getattr(self, name) > 0:
-                raise ConfigError("must be > 0", path=where, field=f"daemon.{name}")
+                raise ConfigError("must be > 0", path=where, field=name)
         if self.vacate_lead_s < 0:
-            raise ConfigError("must be >= 0", path=where, field="daemon.vacate_lead_s")
+            raise ConfigError("must be >= 0", path=where, field="vacate_lead_s")
         if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError("must be a port number (0 = off)", path=where, field="daemon.metrics_port")
+            raise ConfigError("must be a port number (0 = off)", path=where, field="metrics_port")
         if self.max_line_bytes < 64:
-            raise ConfigError("must be >= 64", path=where, field="daemon.max_line_bytes")
-        _choice(self.log_format, ("json", "text"), where, "daemon.log_format")
+            raise ConfigError("must be >= 64", path=where, field="max_line_bytes")
+        _choice(self.log_format, ("json", "text"), where, "log_format")
         return self
 
 
@@ -151,10 +156,7 @@ def config_from_mapping(data: Any, where: str = "config") -> Config:
     if not isinstance(data, Mapping):
         raise ConfigError("the top level must be a mapping with sections "
                           f"{', '.join(SECTIONS)}", path=where)
-    unknown = sorted(set(data) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"unknown section(s) {', '.join(map(str, unknown))}; valid sections: "
-                          f"{', '.join(SECTIONS)}", path=where)
+    _reject_unknown(data, list(SECTIONS), "section", where)
     parts = {}
     for name, cls in SECTIONS.items():
         section = data.get(name)
@@ -162,14 +164,10 @@ def config_from_mapping(data: Any, where: str = "config") -> Config:
             raise ConfigError("must be a mapping", path=where, field=name)
         try:
             parts[name] = from_mapping(cls, section, where)
-        except ConfigError as exc:
-            if exc.field and "." not in exc.field:
-                raise ConfigError(str(exc).split(": ", 2)[-1], path=where,
-                                  field=f"{name}.{exc.field}") from None
+        except ConfigError as exc:   # name the section in the error
             if exc.field is None:
-                raise ConfigError(f"section {name}: " + str(exc).split(": ", 1)[-1],
-                                  path=where) from None
-            raise
+                raise ConfigError(f"section {name}: {exc.message}", path=where) from None
+            raise ConfigError(exc.message, path=where, field=f"{name}.{exc.field}") from None
     return Config(**parts)
 
 
@@ -182,7 +180,6 @@ def load_config(path: str) -> Config:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=path,
-                          line=mark.line + 1 if mark else None) from None
+        message, line = yaml_problem(exc)
+        raise ConfigError(message, path=path, line=line) from None
     return config_from_mapping(data, path)

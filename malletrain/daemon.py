@@ -60,7 +60,10 @@ class _Recording:
         d = self.d
         obs = d.backend.observe()
         d.store.add_samples(obs.samples)
-        d.store.put("tails", d.tail.dump())
+        tails = d.tail.dump()
+        if tails != d.saved_tails:     # offsets moved: persist them
+            d.store.put("tails", tails)
+            d.saved_tails = tails
         for s in obs.samples:
             d.measured[s.job_id] = (s.nodes, s.samples_per_s, s.t_s)
         if d.restored:
@@ -87,7 +90,8 @@ class Daemon:
         self.store = Store(os.path.join(dc.state_dir, "state.db"))
         self.runner = runner or make_runner(self.config)
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes)
-        self.tail.load(self.store.get("tails", {}))
+        self.saved_tails = self.store.get("tails", {})
+        self.tail.load(self.saved_tails)
         books = self.store.books()
         self.backend = SlurmBackend(self.runner, self.config.slurm, dc, tail=self.tail, clock=clock,
                                     save_book=self.store.save_book, books=books)

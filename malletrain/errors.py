@@ -24,7 +24,7 @@ class InputError(MalletrainError):
 
     def __init__(self, message: str, *, path: str | None = None,
                  line: int | None = None, field: str | None = None) -> None:
-        self.path, self.line, self.field = path, line, field
+        self.message, self.path, self.line, self.field = message, path, line, field
         parts = []
         if path is not None:
             parts.append(str(path))
@@ -46,3 +46,9 @@ class SolverError(MalletrainError):
 
 class BackendError(MalletrainError):
     """A backend (Slurm, simulator) command failed."""
+
+
+def yaml_problem(exc: Exception) -> tuple[str, int | None]:
+    """(message, 1-based line) of a PyYAML parse error, for an :class:`InputError`."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"not valid YAML: {getattr(exc, 'problem', exc)}", (mark.line + 1 if mark else None)

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jpa.advisor import Sample
 
@@ -41,7 +41,6 @@ class TailCounters:
     bad: int = 0
     oversized: int = 0
     samples: int = 0
-    last_record: dict = field(default_factory=dict)   # job -> newest valid record
 
 
 class ProgressTail:
@@ -83,7 +82,6 @@ class ProgressTail:
             if rec is None:
                 self.counters.bad += 1
                 continue
-            self.counters.last_record[job_id] = rec
             sample = self._sample(job_id, st, rec)
             if sample is not None:
                 out.append(sample)
@@ -124,6 +122,9 @@ class ProgressTail:
         if dt <= 0 or ds <= 0:
             return None
         return Sample(job_id, rec["nodes"], ds / dt, rec["t"])
+
+    def forget(self, path: str) -> None:
+        self.files.pop(path, None)
 
     # persistence (the daemon's store saves and restores these)
     def dump(self) -> dict:

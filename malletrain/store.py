@@ -69,10 +69,6 @@ class Store:
         return [Sample(j, n, r, t) for j, n, r, t in
                 self.db.execute("SELECT job, nodes, rate, t FROM samples ORDER BY job, t")]
 
-    def forget(self, jobs: Iterable[str]) -> None:
-        for job in jobs:
-            self.db.execute("DELETE FROM books WHERE job=?", (job,))
-
     # actions
     def add_actions(self, t: float, cycle: int, actions: Iterable[Action]) -> None:
         rows = [(t, cycle, a.job_id, a.kind.value, ",".join(a.from_nodes), ",".join(a.to_nodes),

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from malletrain.errors import InputError
+from malletrain.errors import InputError, yaml_problem
 from malletrain.model import interpolate
 from malletrain.timeutil import parse_time
 
@@ -86,9 +86,8 @@ def load_workload(path: str) -> list[WorkloadJob]:
     except OSError as exc:
         raise InputError(f"cannot read workload: {exc.strerror}", path=path) from exc
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=path,
-                         line=mark.line + 1 if mark else None) from exc
+        message, line = yaml_problem(exc)
+        raise InputError(message, path=path, line=line) from exc
     if not isinstance(doc, dict) or set(doc) != {"jobs"}:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise InputError(f"expected a mapping with exactly the key 'jobs', got {keys}", path=path)

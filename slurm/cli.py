@@ -74,7 +74,7 @@ class SlurmBackend:
         self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
         self.tags: dict[str, Tag] = {}
         self.idle_nodes = 0
-        self.vacating: dict[str, str] = {}          # node -> why it left the pool
+        self.vacating: set[str] = set()             # nodes due to primary jobs soon
         self._reservations: list[Reservation] = []
         self.windows: dict[str, float] = {}
         self._cycle = 0
@@ -112,37 +112,43 @@ class SlurmBackend:
         self.idle_nodes = sum(1 for n in nodes if n.harvestable)
         pool_names = {n.name for n in nodes if n.harvestable} - soon
 
-        states, finished, samples, profiles = [], [], [], {}
-        seen = set()
+        states, samples, profiles = [], [], {}
+        live: dict[str, JobRecord] = {}
         for r, tag in malleable:
-            seen.add(r.job_id)
+            if r.phase is Phase.FINISHED:
+                continue
+            live[r.job_id] = r
             self.tags[r.job_id] = tag
             profiles[r.job_id] = tag.profile or f"job-{r.job_id}"
             if tag.metrics_dir:
-                samples += self.tail.poll(r.job_id, os.path.join(tag.metrics_dir, f"{r.job_id}.jsonl"))
+                samples += self.tail.poll(r.job_id, self._metrics_path(r.job_id, tag))
             st = self._job_state(r, tag, now, pool_names, soon)
             if st is not None:
                 states.append(st)
-        for job in list(self.records):
-            if job not in seen or self.records[job].phase is Phase.FINISHED:
-                finished.append(job)
+        finished = tuple(j for j in self.records if j not in live)
         for job in finished:
-            self.records.pop(job, None)
-            if job in self.books:
-                self.books.pop(job)
-                self._save(job, None)
-        self.records.update({r.job_id: r for r, _ in malleable})
-        for r, _ in malleable:
-            if r.phase is Phase.FINISHED:
-                finished.append(r.job_id)
-        self.vacating = {n: "primary job planned" for n in soon}
+            self._forget(job)
+        self.records = live
+        self.vacating = soon
 
         pool = tuple(Node(n, node_info[n].node_type if n in node_info else "gpu",
                           window_end_s=windows.get(n)) for n in sorted(pool_names))
         states.sort(key=lambda s: (s.spec.submit_s, int(s.job_id) if s.job_id.isdigit() else 0))
         snap = Snapshot(now, pool, tuple(states))
         gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
-        return Observation(snap, tuple(samples), tuple(finished), profiles, gen)
+        return Observation(snap, tuple(samples), finished, profiles, gen)
+
+    @staticmethod
+    def _metrics_path(job: str, tag: Tag) -> str:
+        return os.path.join(tag.metrics_dir, f"{job}.jsonl")
+
+    def _forget(self, job: str) -> None:
+        """Drop what was kept about a job that left the queue."""
+        tag = self.tags.pop(job, None)
+        if tag is not None and tag.metrics_dir:
+            self.tail.forget(self._metrics_path(job, tag))
+        if self.books.pop(job, None) is not None:
+            self._save(job, None)
 
     def _jobs(self) -> list[JobRecord]:
         return parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
@@ -190,8 +196,7 @@ class SlurmBackend:
             return None
         pool.update(nodes)   # a job's own nodes are always part of the pool it is judged on
         pool.difference_update(soon)
-        return JobState(spec, tuple(n for n in nodes), "gpu" if nodes else None,
-                        book.paused_until_s, book.last_change_s)
+        return JobState(spec, nodes, None, book.paused_until_s, book.last_change_s)
 
     def _put(self, job: str, book: Book) -> None:
         self.books[job] = book

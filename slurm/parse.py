@@ -1,8 +1,10 @@
 """Slurm output → typed records; every version quirk stays in this module.
 
-Hot polls read text formats (``squeue -o``/``sinfo -o`` with ``|``
-separators and ``SLURM_TIME_FORMAT=%s`` epoch times); start-up adoption and
-``status`` may read ``--json``.  JSON shapes differ by version:
+The daemon reads text formats (``squeue -o``/``sinfo -o`` with ``|``
+separators and ``SLURM_TIME_FORMAT=%s`` epoch times): they are cheap, and
+stable across releases.  :func:`jobs_from_json` and :func:`nodes_from_json`
+normalise ``--json`` output into the same records, for tools reading JSON;
+its shapes differ by version:
 
 ===========  ===============================  ===================================
 field        22.05 (openapi v0.0.38)          23.11+ (v0.0.40 and later)
