@@ -155,6 +155,28 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--interval", type=_positive(float), default=2.0, metavar="S")
     bs.add_argument("--json", action="store_true")
 
+    sc = sub.add_parser("selfcheck", help="check the training runtime on this machine")
+    scsub = sc.add_subparsers(dest="selfcheck_command", required=True, metavar="WHAT")
+    from malletrain.selfcheck import __doc__ as selfcheck_doc
+    cc = scsub.add_parser("consistency", help="same parameters for every process count and rescale?",
+                          description=selfcheck_doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="example:\n  malletrain selfcheck consistency --workers 4 "
+                                 "--procs 1,2,3,4 --steps 24 --rescale 1,4,2,3 --kill9")
+    cc.add_argument("--workers", type=_positive(int), default=4, help="logical workers L (default 4)")
+    cc.add_argument("--procs", default="1,2,3,4", help="process counts to compare (default 1,2,3,4)")
+    cc.add_argument("--steps", type=_positive(int), default=24, help="training steps (default 24)")
+    cc.add_argument("--rescale", metavar="P,P,..", help="also run one job rescaled through these sizes")
+    cc.add_argument("--kill9", action="store_true",
+                    help="also SIGKILL one segment after a checkpoint and resume it")
+    cc.add_argument("--mode", choices=("consistency", "tolerance"), default="consistency",
+                    help="tolerance: native all-reduce (expected to differ)")
+    cc.add_argument("--mapping", choices=("contiguous", "round_robin"), default="contiguous",
+                    help="how logical workers map to processes")
+    cc.add_argument("--micro-batch", type=_positive(int), default=8)
+    cc.add_argument("--seed", type=int, default=0)
+    cc.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    cc.add_argument("--keep", action="store_true", help="keep the runs' checkpoint directories")
+
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")
@@ -173,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from malletrain import bench
             return bench.run(args)
+        if args.command == "selfcheck":
+            from malletrain.selfcheck import main as selfcheck_main
+            return selfcheck_main(args)
         from malletrain.usercmd import dispatch
         rc = dispatch(args)
         if rc is not None:

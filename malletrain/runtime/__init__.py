@@ -1,0 +1,21 @@
+"""The malleable PyTorch runtime: a training script's side of malletrain.
+
+Public API: :class:`Runtime`, :class:`RuntimeConfig`, :func:`discover` and
+:class:`CheckpointStore`.  Needs the ``train`` extra (torch); everything is
+imported lazily so that the daemon never pays for torch.
+"""
+from malletrain.runtime.checkpoint import CheckpointStore
+from malletrain.runtime.config import RuntimeConfig
+from malletrain.runtime.launch import DistInfo, discover
+
+__all__ = ["Runtime", "RuntimeConfig", "CheckpointStore", "DistInfo", "discover", "state_sha256"]
+
+
+def __getattr__(name):
+    if name == "Runtime":
+        from malletrain.runtime.trainer import Runtime
+        return Runtime
+    if name == "state_sha256":
+        from malletrain.runtime.reference import state_sha256
+        return state_sha256
+    raise AttributeError(name)

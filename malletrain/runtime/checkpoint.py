@@ -1,0 +1,146 @@
+"""Checkpoint files: atomic, checksummed, the last K kept, corrupt ones skipped.
+
+File layout (``ckpt-<step:09d>.pt`` in the job's checkpoint directory)::
+
+    b"MLTCKPT1"            8-byte magic
+    sha256(payload) hex    64 bytes
+    payload                torch.save() of the state dict
+
+A write goes to ``<name>.tmp.<pid>``, is fsynced, then renamed over the final
+name, so a reader sees either the old set of files or the new one.  On
+restore the newest file that has the magic, the right checksum and unpickles
+wins; a newer file that fails is renamed ``*.corrupt`` (so it no longer
+counts against K) and a warning names it.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger("malletrain.runtime")
+
+MAGIC = b"MLTCKPT1"
+NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+
+
+@dataclass(frozen=True)
+class Saved:
+    path: str
+    step: int
+    bytes: int
+    write_s: float
+
+
+@dataclass(frozen=True)
+class Restored:
+    path: str
+    step: int
+    state: dict
+    skipped: tuple[str, ...]   # newer files that were corrupt or partial
+    read_s: float
+
+
+class CheckpointStore:
+    def __init__(self, directory: str, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.directory, self.keep = directory, keep
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"ckpt-{step:09d}.pt")
+
+    def steps(self) -> list[int]:
+        """Steps of the checkpoint files present, newest first."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted((int(m.group(1)) for m in map(NAME.match, names) if m), reverse=True)
+
+    def save(self, step: int, state: dict) -> Saved:
+        import torch
+        t0 = time.perf_counter()
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        payload = buf.getbuffer()
+        digest = hashlib.sha256(payload).hexdigest().encode()
+        os.makedirs(self.directory, exist_ok=True)
+        final = self.path(step)
+        tmp = f"{final}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(MAGIC)
+            fh.write(digest)
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        self._prune()
+        return Saved(final, step, len(payload) + 72, time.perf_counter() - t0)
+
+    def _prune(self) -> None:
+        for step in self.steps()[self.keep:]:
+            try:
+                os.unlink(self.path(step))
+            except FileNotFoundError:
+                pass
+
+    @staticmethod
+    def read(path: str) -> dict:
+        """The state in one file; ValueError when it is partial or corrupt."""
+        import torch
+        with open(path, "rb") as fh:
+            blob = fh.read()
+        if len(blob) < 72 or blob[:8] != MAGIC:
+            raise ValueError("no checkpoint header (partial or foreign file)")
+        digest, payload = blob[8:72], memoryview(blob)[72:]
+        if hashlib.sha256(payload).hexdigest().encode() != digest:
+            raise ValueError("checksum mismatch (corrupt or truncated)")
+        try:
+            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        except Exception as exc:   # noqa: BLE001 - any unpickling failure means unusable
+            raise ValueError(f"cannot unpickle: {exc}") from None
+        if not isinstance(state, dict):
+            raise ValueError("payload is not a state dict")
+        return state
+
+    def restore(self, *, quarantine: bool = True) -> Restored | None:
+        """The newest valid checkpoint, or None when there is none."""
+        t0 = time.perf_counter()
+        skipped = []
+        for step in self.steps():
+            path = self.path(step)
+            try:
+                state = self.read(path)
+            except (OSError, ValueError) as exc:
+                log.warning("checkpoint %s is unusable (%s); falling back to the previous one",
+                            path, exc)
+                skipped.append(path)
+                if quarantine:
+                    try:
+                        os.replace(path, path + ".corrupt")
+                    except OSError:
+                        pass
+                continue
+            return Restored(path, step, state, tuple(skipped), time.perf_counter() - t0)
+        if skipped:
+            log.warning("no valid checkpoint left in %s; starting from scratch", self.directory)
+        return None
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

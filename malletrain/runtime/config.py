@@ -1,0 +1,85 @@
+"""The runtime's settings (one frozen dataclass, validated on construction)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+from malletrain.errors import ConfigError
+from malletrain.runtime.logical import MAPPINGS
+
+MODES = ("consistency", "tolerance")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    checkpoint_dir: str
+    logical_workers: int = 4          # L: fixed whatever the process count
+    micro_batch: int = 16             # samples per logical worker per step
+    mode: str = "consistency"         # or "tolerance" (native all-reduce, faster, not bitwise)
+    seed: int = 0
+    keep: int = 3                     # checkpoint files kept
+    checkpoint_every_steps: int = 0   # 0: no step-count checkpoints
+    checkpoint_every_s: float = 300.0  # 0: no periodic checkpoints by time
+    grace_s: float = 30.0             # Slurm GraceTime the stop must fit in
+    force_after_s: float | None = None  # abandon the step this long after a signal (default grace/2)
+    report_s: float = 0.5             # at most one progress record per this many seconds
+    threads: int = 1                  # intra-op threads, pinned (results depend on it)
+    backend: str = "auto"             # gloo on CPU, nccl when CUDA is there
+    mapping: str | tuple = "contiguous"
+    metrics_path: str | None = None   # $MALLETRAIN_METRICS
+    collective_timeout_s: float = 300.0
+    extra: Mapping = field(default_factory=dict)   # free-form, stored in the checkpoint
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.logical_workers < 1:
+            problems.append(("logical_workers", "must be >= 1"))
+        if self.micro_batch < 1:
+            problems.append(("micro_batch", "must be >= 1"))
+        if self.mode not in MODES:
+            problems.append(("mode", f"must be one of {', '.join(MODES)}"))
+        if self.backend not in BACKENDS:
+            problems.append(("backend", f"must be one of {', '.join(BACKENDS)}"))
+        if self.keep < 1:
+            problems.append(("keep", "must be >= 1"))
+        if self.threads < 1:
+            problems.append(("threads", "must be >= 1"))
+        if not self.grace_s > 0:
+            problems.append(("grace_s", "must be > 0"))
+        if isinstance(self.mapping, str) and self.mapping not in MAPPINGS:
+            problems.append(("mapping", f"must be one of {', '.join(MAPPINGS)} or a list of lists"))
+        if problems:
+            key, msg = problems[0]
+            raise ConfigError(msg, field=key)
+
+    @property
+    def deadline_s(self) -> float:
+        return self.force_after_s if self.force_after_s is not None else self.grace_s / 2
+
+    @property
+    def global_batch(self) -> int:
+        return self.logical_workers * self.micro_batch
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs) -> "RuntimeConfig":
+        """Settings from keyword arguments, with what the sbatch template exports
+        (``MALLETRAIN_METRICS``, ``MALLETRAIN_GRACE_S``, ``MALLETRAIN_CHECKPOINT_DIR``)
+        filling the ones not given."""
+        env = os.environ if env is None else env
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ConfigError(f"unknown runtime setting(s) {', '.join(unknown)}; valid: "
+                              f"{', '.join(sorted(known))}")
+        if "metrics_path" not in kwargs and env.get("MALLETRAIN_METRICS"):
+            kwargs["metrics_path"] = env["MALLETRAIN_METRICS"]
+        if "grace_s" not in kwargs and env.get("MALLETRAIN_GRACE_S"):
+            kwargs["grace_s"] = float(env["MALLETRAIN_GRACE_S"])
+        if "checkpoint_dir" not in kwargs:
+            if not env.get("MALLETRAIN_CHECKPOINT_DIR"):
+                raise ConfigError("no checkpoint directory: pass checkpoint_dir or set "
+                                  "MALLETRAIN_CHECKPOINT_DIR", field="checkpoint_dir")
+            kwargs["checkpoint_dir"] = env["MALLETRAIN_CHECKPOINT_DIR"]
+        return cls(**kwargs)

@@ -1,0 +1,434 @@
+"""The malleable training loop a script adopts in a few lines.
+
+    rt = Runtime(RuntimeConfig.from_env(checkpoint_dir="ckpt", logical_workers=4, micro_batch=16))
+    rt.prepare(model, optimizer, scheduler, data=(X, y))     # restores the newest checkpoint
+    for step in rt.steps(total_steps):
+        rt.train_step(lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]))
+    rt.close()                                               # final checkpoint, exit record
+
+A step in **consistency** mode (the default):
+
+1. Each process runs its logical workers one after the other.  Before worker
+   w: the model's buffers are reset to their value at the start of the step
+   (every worker sees the same BatchNorm statistics, as DDP's broadcast gives
+   every replica rank 0's buffers) and the RNG is switched to w's own stream;
+   w's micro-batch is a pure function of (seed, epoch, step, w).
+2. Each worker's flattened gradient (plus its loss and the stop flags) is one
+   row; every process all-gathers every row and sums them in worker order
+   0..L-1, so the sum is the same float operations on every process and for
+   every P.  The mean is applied as the gradient; the optimizer steps.
+3. Buffers become those left by worker 0's forward, broadcast (an exact copy)
+   from the process that ran it.
+
+In **tolerance** mode each process runs its workers' samples as one batch and
+the gradients meet in the native all-reduce: faster, equal only to rounding.
+
+Stop flags ride along with the gradients, so every process stops at the same
+step boundary even when only one of them got the signal; a forced stop
+abandons the step in progress and checkpoints the last boundary.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from malletrain.errors import InputError
+from malletrain.runtime import logical
+from malletrain.runtime.checkpoint import CheckpointStore
+from malletrain.runtime.config import RuntimeConfig
+from malletrain.runtime.launch import DistInfo, discover_process
+from malletrain.runtime.metrics import MetricsWriter
+from malletrain.runtime.signals import StopRequest
+
+log = logging.getLogger("malletrain.runtime")
+
+# extra columns after the flattened gradient in each exchanged row
+LOSS, STOP, FORCE, CKPT = range(4)
+EXTRA = 4
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int          # steps completed after this one
+    loss: float        # mean loss over the L logical workers
+    applied: bool      # False when a forced stop abandoned the step
+
+
+class Runtime:
+    def __init__(self, cfg: RuntimeConfig, info: DistInfo | None = None) -> None:
+        import torch
+        self.cfg = cfg
+        self.info = info or discover_process()
+        torch.set_num_threads(cfg.threads)
+        if cfg.mode == "consistency":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        backend = cfg.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.backend = backend
+        if backend == "nccl":
+            torch.cuda.set_device(self.info.local_rank)
+            self.device = torch.device("cuda", self.info.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        mapping = [list(x) for x in cfg.mapping] if isinstance(cfg.mapping, (list, tuple)) else cfg.mapping
+        try:
+            self.owned = logical.assign(cfg.logical_workers, self.info.world, mapping)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self.mine = self.owned[self.info.rank]
+        self.where = {w: (r, i) for r, ws in enumerate(self.owned) for i, w in enumerate(ws)}
+        self.pg = None
+        self.timings: dict[str, float] = {}
+        if self.info.world > 1:
+            self._init_group()
+        self.store = CheckpointStore(cfg.checkpoint_dir, cfg.keep)
+        self.stop = StopRequest(deadline_s=cfg.deadline_s).install()
+        base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
+                    node=self.info.node, restart=self.info.restart)
+        self.metrics = MetricsWriter(cfg.metrics_path if self.info.rank == 0 else None,
+                                     base=base, min_interval_s=cfg.report_s)
+        self.step = 0
+        self.stopped: str | None = None       # None | "signal" | "forced"
+        self.finished = False
+        self._step_times: list[float] = []
+        self._last_ckpt_t = time.monotonic()
+        self._saved_step = -1
+
+    # ---- setup -------------------------------------------------------------------------
+    def _init_group(self) -> None:
+        import datetime
+
+        import torch.distributed as dist
+        t0 = time.perf_counter()
+        dist.init_process_group(
+            self.backend, init_method=f"tcp://{self.info.master_addr}:{self.info.master_port}",
+            rank=self.info.rank, world_size=self.info.world,
+            timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s))
+        self.pg = dist.group.WORLD
+        self.timings["init_group_s"] = time.perf_counter() - t0
+
+    def prepare(self, model, optimizer, scheduler=None, *, data) -> "Runtime":
+        """Attach the model, optimizer, scheduler and dataset; restore the newest checkpoint."""
+        import torch
+        t0 = time.perf_counter()
+        self.model = model.to(self.device)
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.buffers = list(model.buffers())
+        self.data = data
+        n = len(data[0]) if isinstance(data, tuple) else len(data)
+        try:
+            self.per_epoch = logical.steps_per_epoch(n, self.cfg.logical_workers, self.cfg.micro_batch)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self._perm_epoch, self._perm = None, None
+        self.rng = {w: self._seed_rng(logical.mix(self.cfg.seed, w)) for w in self.mine}
+        restored = self.store.restore(quarantine=self.info.rank == 0)
+        if restored is None:
+            self._broadcast_initial()
+            if self.cfg.mode == "tolerance":
+                self._seed_rng(logical.mix(self.cfg.seed, 0, self.info.rank))
+        else:
+            self._load(restored.state)
+            log.info("restored %s (step %d) in %.3fs", restored.path, restored.step, restored.read_s)
+        self._saved_step = self.step
+        self.timings["restore_s"] = time.perf_counter() - t0
+        self.t_start = time.monotonic()
+        self.metrics.record("start", step=self.step, samples=self.samples, step_s=0.0,
+                            mode=self.cfg.mode, restore_s=round(self.timings["restore_s"], 4))
+        log.info("rank %d/%d (%s, %s) owns logical workers %s of %d; step %d",
+                 self.info.rank, self.info.world, self.info.launcher, self.backend,
+                 list(self.mine), self.cfg.logical_workers, self.step)
+        return self
+
+    def _seed_rng(self, seed: int) -> dict:
+        import torch
+        torch.manual_seed(seed)
+        return self._get_rng()
+
+    def _get_rng(self) -> dict:
+        import torch
+        st = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            st["cuda"] = torch.cuda.get_rng_state(self.device)
+        return st
+
+    def _set_rng(self, st: dict) -> None:
+        import torch
+        torch.set_rng_state(st["cpu"])
+        if self.device.type == "cuda" and "cuda" in st:
+            torch.cuda.set_rng_state(st["cuda"], self.device)
+
+    def _broadcast_initial(self) -> None:
+        if self.pg is None:
+            return
+        import torch
+        import torch.distributed as dist
+        with torch.no_grad():
+            for t in list(self.model.parameters()) + self.buffers:
+                dist.broadcast(t.data, 0)
+
+    @property
+    def samples(self) -> int:
+        return self.step * self.cfg.global_batch
+
+    # ---- data --------------------------------------------------------------------------
+    def batch_indices(self, step: int, worker: int):
+        import torch
+        epoch, j = logical.epoch_of(step, self.per_epoch)
+        if self._perm_epoch != epoch:
+            n = len(self.data[0]) if isinstance(self.data, tuple) else len(self.data)
+            g = torch.Generator().manual_seed(logical.mix(self.cfg.seed, epoch))
+            self._perm, self._perm_epoch = torch.randperm(n, generator=g), epoch
+        b, start = self.cfg.micro_batch, j * self.cfg.global_batch + worker * self.cfg.micro_batch
+        return self._perm[start:start + b]
+
+    def _batch(self, idx):
+        import torch
+        if isinstance(self.data, tuple):
+            return tuple(t[idx].to(self.device) for t in self.data)
+        items = [self.data[int(i)] for i in idx]
+        return tuple(torch.stack([torch.as_tensor(x[k]) for x in items]).to(self.device)
+                     for k in range(len(items[0])))
+
+    # ---- the loop ----------------------------------------------------------------------
+    def steps(self, total_steps: int):
+        """Yield the step number until ``total_steps`` are done or a stop is agreed."""
+        while self.step < total_steps and self.stopped is None:
+            yield self.step
+        if self.stopped is None and self.step >= total_steps:
+            self.finished = True
+
+    def train_step(self, loss_fn) -> StepResult:
+        """One step over all L logical workers; ``loss_fn(model, batch) -> scalar tensor``."""
+        t0 = time.perf_counter()
+        flags = self._local_flags()
+        if self.cfg.mode == "consistency":
+            res = self._consistent_step(loss_fn, flags)
+        else:
+            res = self._tolerant_step(loss_fn, flags)
+        dt = time.perf_counter() - t0
+        if res.applied:
+            self._step_times.append(dt)
+            self.metrics.record("progress", step=self.step, samples=self.samples,
+                                step_s=round(sum(self._step_times) / len(self._step_times), 5),
+                                loss=round(res.loss, 6))
+            self._step_times = self._step_times[-20:]
+        return res
+
+    def _local_flags(self) -> tuple[float, float, float]:
+        ckpt = 0.0
+        if self.info.rank == 0:
+            every, every_s = self.cfg.checkpoint_every_steps, self.cfg.checkpoint_every_s
+            if (every and (self.step + 1) % every == 0) or \
+                    (every_s and time.monotonic() - self._last_ckpt_t >= every_s):
+                ckpt = 1.0
+        return float(self.stop.requested), float(self.stop.forced), ckpt
+
+    def _flatten_into(self, row) -> None:
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is None:
+                row[off:off + n].zero_()
+            else:
+                row[off:off + n].copy_(p.grad.reshape(-1))
+            off += n
+
+    def _set_grads(self, flat) -> None:
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[off:off + n].view_as(p).clone()
+            off += n
+
+    def _consistent_step(self, loss_fn, flags) -> StepResult:
+        import torch
+        L, n = self.cfg.logical_workers, self.numel
+        width = max(len(ws) for ws in self.owned)
+        rows = torch.zeros(width, n + EXTRA, dtype=torch.float32, device=self.device)
+        snap = [b.detach().clone() for b in self.buffers]
+        rng_start = {w: self.rng[w] for w in self.mine}
+        w0_buffers = None
+        for i, w in enumerate(self.mine):
+            if self.stop.forced:
+                flags = (1.0, 1.0, flags[2])
+                break
+            with torch.no_grad():
+                for b, s in zip(self.buffers, snap):
+                    b.copy_(s)
+            self._set_rng(self.rng[w])
+            batch = self._batch(self.batch_indices(self.step, w))
+            self.model.zero_grad(set_to_none=True)
+            loss = loss_fn(self.model, batch)
+            loss.backward()
+            self.rng[w] = self._get_rng()
+            if w == 0:
+                w0_buffers = [b.detach().clone() for b in self.buffers]
+            self._flatten_into(rows[i, :n])
+            rows[i, n + LOSS] = loss.detach().float()
+        rows[:, n + STOP], rows[:, n + FORCE], rows[:, n + CKPT] = flags
+        if self.pg is None:
+            gathered = [rows]
+        else:
+            import torch.distributed as dist
+            gathered = [torch.empty_like(rows) for _ in range(self.info.world)]
+            dist.all_gather(gathered, rows)
+        stop = max(float(g[:, n + STOP].max()) for g in gathered)
+        force = max(float(g[:, n + FORCE].max()) for g in gathered)
+        ckpt = max(float(g[:, n + CKPT].max()) for g in gathered)
+        if force:
+            with torch.no_grad():
+                for b, s in zip(self.buffers, snap):
+                    b.copy_(s)
+            self.rng.update(rng_start)
+            self.model.zero_grad(set_to_none=True)
+            self._after_step(stop=True, forced=True, ckpt=False)
+            return StepResult(self.step, float("nan"), False)
+        r0, i0 = self.where[0]
+        acc = gathered[r0][i0].clone()
+        for w in range(1, L):
+            r, i = self.where[w]
+            acc += gathered[r][i]
+        acc.div_(L)
+        self._set_grads(acc[:n])
+        with torch.no_grad():
+            if w0_buffers is not None:
+                for b, s in zip(self.buffers, w0_buffers):
+                    b.copy_(s)
+            if self.pg is not None and self.buffers:
+                import torch.distributed as dist
+                for b in self.buffers:
+                    dist.broadcast(b, r0)
+        self._apply()
+        self._after_step(stop=bool(stop), forced=False, ckpt=bool(ckpt))
+        return StepResult(self.step, float(acc[n + LOSS]), True)
+
+    def _tolerant_step(self, loss_fn, flags) -> StepResult:
+        import torch
+        L, n = self.cfg.logical_workers, self.numel
+        idx = torch.cat([self.batch_indices(self.step, w) for w in self.mine])
+        batch = self._batch(idx)
+        self.model.zero_grad(set_to_none=True)
+        loss = loss_fn(self.model, batch)
+        loss.backward()
+        share = len(self.mine) / L
+        flat = torch.zeros(n + EXTRA, dtype=torch.float32, device=self.device)
+        self._flatten_into(flat[:n])
+        flat[:n].mul_(share)
+        flat[n + LOSS] = loss.detach().float() * share
+        flat[n + STOP], flat[n + FORCE], flat[n + CKPT] = flags
+        if self.pg is not None:
+            import torch.distributed as dist
+            dist.all_reduce(flat)
+            with torch.no_grad():
+                for b in self.buffers:
+                    dist.broadcast(b, 0)
+        if flat[n + FORCE] > 0:
+            self.model.zero_grad(set_to_none=True)
+            self._after_step(stop=True, forced=True, ckpt=False)
+            return StepResult(self.step, float("nan"), False)
+        self._set_grads(flat[:n])
+        self._apply()
+        self._after_step(stop=bool(flat[n + STOP] > 0), forced=False, ckpt=bool(flat[n + CKPT] > 0))
+        return StepResult(self.step, float(flat[n + LOSS]), True)
+
+    def _apply(self) -> None:
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.model.zero_grad(set_to_none=True)
+        self.step += 1
+
+    def _after_step(self, *, stop: bool, forced: bool, ckpt: bool) -> None:
+        if stop:
+            self.stopped = "forced" if forced else "signal"
+            self.checkpoint()
+        elif ckpt:
+            self.checkpoint()
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state(self) -> dict:
+        """Everything needed to continue exactly (gathers the workers' RNG states: collective)."""
+        rng = dict(self.rng) if self.cfg.mode == "consistency" else {}
+        if self.pg is not None and self.cfg.mode == "consistency":
+            import torch.distributed as dist
+            parts = [None] * self.info.world
+            dist.all_gather_object(parts, {w: _cpu_rng(s) for w, s in self.rng.items()})
+            rng = {w: s for part in parts for w, s in part.items()}
+        return {
+            "format": 1, "step": self.step, "samples": self.samples, "mode": self.cfg.mode,
+            "logical_workers": self.cfg.logical_workers, "micro_batch": self.cfg.micro_batch,
+            "seed": self.cfg.seed, "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": {w: _cpu_rng(s) for w, s in rng.items()}, "extra": dict(self.cfg.extra),
+        }
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint of the current step (all processes call it; rank 0 writes)."""
+        if self._saved_step == self.step:
+            return
+        t0 = time.perf_counter()
+        state = self.state()
+        if self.info.rank == 0:
+            saved = self.store.save(self.step, state)
+            total = time.perf_counter() - t0
+            self.timings["checkpoint_s"] = total
+            log.info("checkpoint step %d: %.2f MB in %.3fs", self.step, saved.bytes / 1e6, total)
+            self.metrics.record("checkpoint", step=self.step, samples=self.samples, step_s=0.0,
+                                write_s=round(total, 4), bytes=saved.bytes)
+        if self.pg is not None:
+            import torch.distributed as dist
+            dist.barrier()
+        self._saved_step = self.step
+        self._last_ckpt_t = time.monotonic()
+
+    def _load(self, st: dict) -> None:
+        cfg = self.cfg
+        for key in ("logical_workers", "micro_batch", "seed", "mode"):
+            if st.get(key) != getattr(cfg, key):
+                raise InputError(f"checkpoint was written with {key}={st.get(key)!r} but this run "
+                                 f"has {key}={getattr(cfg, key)!r}; training cannot continue "
+                                 f"consistently (use a new checkpoint_dir)", path=cfg.checkpoint_dir)
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        if self.scheduler is not None and st.get("scheduler") is not None:
+            self.scheduler.load_state_dict(st["scheduler"])
+        self.step = int(st["step"])
+        if cfg.mode == "consistency":
+            self.rng = {w: st["rng"][w] for w in self.mine}
+        else:
+            self._seed_rng(logical.mix(cfg.seed, self.step, self.info.rank))
+
+    # ---- exit --------------------------------------------------------------------------
+    def close(self) -> int:
+        """Final checkpoint, exit record, leave the process group; the exit code (0)."""
+        if self.stopped is None:
+            self.checkpoint()
+        since = self.stop.since_s()
+        reason = "done" if self.finished else (self.stopped or "closed")
+        if since is not None:
+            verdict = "within" if since <= self.cfg.grace_s else "OVER"
+            log.warning("stop: %s -> checkpoint of step %d and exit %.2fs after the signal "
+                        "(%s the %.0fs grace time)", self.stop.name(), self.step, since, verdict,
+                        self.cfg.grace_s)
+            self.timings["signal_to_exit_s"] = since
+        self.metrics.record("exit", step=self.step, samples=self.samples, step_s=0.0,
+                            reason=reason, signal=self.stop.name() if since is not None else None,
+                            signal_to_exit_s=round(since, 3) if since is not None else None)
+        self.metrics.close()
+        self.stop.uninstall()
+        if self.pg is not None:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+            self.pg = None
+        return 0
+
+
+def _cpu_rng(st: dict) -> dict:
+    return {k: v.cpu() for k, v in st.items()}
+
