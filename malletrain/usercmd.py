@@ -1,6 +1,6 @@
-"""Service-side commands: ``daemon``, ``config check``, ``submit``, ``status``, ``explain``.
+"""User commands: ``daemon``, ``config check``, ``submit``, ``status``, ``explain``, ``campaign``.
 
-``submit`` runs as the calling user: it writes a batch script and calls
+``submit`` runs as the calling user: it fills in ``scripts/malleable.sbatch`` and calls
 ``sbatch --parsable`` with the job held in the scavenger partition,
 ``--requeue``, a preemption signal, appended output and a ``--comment`` tag
 carrying the job's spec and a unique token (so a retried submission never
@@ -22,23 +22,41 @@ from malletrain.errors import InputError
 
 DEFAULT_CONFIG = "/etc/malletrain/config.yaml"
 
-SCRIPT = """\
-#!/bin/bash
-# Written by `malletrain submit`. The daemon starts, grows and shrinks this job
-# (same job id); Slurm may preempt it. The command must checkpoint on SIGTERM
-# or SIGUSR2 and resume from its newest checkpoint on any node count.
-export MALLETRAIN_JOB="$SLURM_JOB_ID"
-export MALLETRAIN_METRICS={metrics_dir}/"$SLURM_JOB_ID".jsonl
-export MALLETRAIN_RESTART="${{SLURM_RESTART_COUNT:-0}}"
-echo "[malletrain] job $SLURM_JOB_ID restart $MALLETRAIN_RESTART on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
-exec {command}
-"""
+TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "scripts", "malleable.sbatch")
+LAUNCHES = ("srun", "batch")
+
+
+def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launch: str,
+                  tasks_per_node: int, template: str | None = None) -> str:
+    """The batch script: ``scripts/malleable.sbatch`` with its {{fields}} filled in.
+
+    ``launch=srun`` runs ``tasks_per_node`` copies of COMMAND per node (one per GPU,
+    or one per CPU-only node) in one job step; ``batch`` runs COMMAND once in the
+    batch shell (it launches its own processes, or is single-process).
+    """
+    if launch not in LAUNCHES:
+        raise InputError(f"unknown launch {launch!r}; valid: {', '.join(LAUNCHES)}")
+    if template is None:
+        try:
+            with open(TEMPLATE, encoding="utf-8") as fh:
+                template = fh.read()
+        except OSError as exc:
+            raise InputError(f"cannot read the sbatch template: {exc.strerror}", path=TEMPLATE) from None
+    cmd = shlex.join(command)
+    if launch == "srun":
+        cmd = f"srun --ntasks-per-node={tasks_per_node} --kill-on-bad-exit=1 {cmd}"
+    fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": f"{grace_s:g}", "launch": cmd}
+    for key, value in fields.items():
+        template = template.replace("{{" + key + "}}", value)
+    return template
 
 
 def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes: int,
                      gpus_per_node: int, profile: str, time_limit: str | None,
                      rescale_up_s: float, rescale_down_s: float, metrics_dir: str,
                      partition: str, token: str, script_path: str, signal_s: int = 60,
+                     grace_s: float = 30.0, launch: str = "srun",
                      extra: list[str] | None = None) -> tuple[list[str], str]:
     """The sbatch argv and the batch script (pure; golden-tested)."""
     from slurm.parse import Tag
@@ -57,7 +75,8 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
         argv.append(f"--time={time_limit}")
     argv += list(extra or [])
     argv.append(script_path)
-    script = SCRIPT.format(metrics_dir=shlex.quote(metrics_dir), command=shlex.join(command))
+    script = render_script(command, metrics_dir=metrics_dir, grace_s=grace_s, launch=launch,
+                           tasks_per_node=gpus_per_node or 1)
     return argv, script
 
 
@@ -75,27 +94,36 @@ def _runner(cfg: Config):
                   timeout_s=s.command_timeout_s, retries=s.retries, backoff_s=s.backoff_s)
 
 
-def cmd_submit(args) -> int:
+def metrics_dir_of(given: str | None) -> str:
+    d = os.path.abspath(given or os.environ.get("MALLETRAIN_METRICS_DIR")
+                        or os.path.expanduser("~/.malletrain/metrics"))
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    return d
+
+
+def submit_job(cfg: Config, command: list[str], *, token: str, metrics_dir: str, **spec) -> str:
+    """Write the batch script and sbatch it (idempotent per token); the job id."""
     from slurm.cli import submit
-    cfg = _config(args.config)
-    metrics_dir = os.path.abspath(args.metrics_dir or os.environ.get("MALLETRAIN_METRICS_DIR")
-                                  or os.path.expanduser("~/.malletrain/metrics"))
-    os.makedirs(metrics_dir, mode=0o755, exist_ok=True)
-    token = uuid.uuid4().hex[:16]
     script_path = os.path.join(metrics_dir, f"job-{token}.sbatch")
-    command = list(args.cmd)
-    if command and command[0] == "--":
-        command = command[1:]
-    argv, script = build_submission(
-        command, name=args.name, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
-        gpus_per_node=args.gpus_per_node, profile=args.profile or args.name,
-        time_limit=args.time, rescale_up_s=args.rescale_up, rescale_down_s=args.rescale_down,
-        metrics_dir=metrics_dir, partition=cfg.slurm.partition, token=token,
-        script_path=script_path)
+    argv, script = build_submission(command, metrics_dir=metrics_dir, partition=cfg.slurm.partition,
+                                    token=token, script_path=script_path, **spec)
     with open(script_path, "w", encoding="utf-8") as fh:
         fh.write(script)
     os.chmod(script_path, 0o755)
-    job = submit(_runner(cfg), argv, token)
+    return submit(_runner(cfg), argv, token)
+
+
+def cmd_submit(args) -> int:
+    cfg = _config(args.config)
+    metrics_dir = metrics_dir_of(args.metrics_dir)
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    job = submit_job(
+        cfg, command, token=uuid.uuid4().hex[:16], metrics_dir=metrics_dir, name=args.name,
+        min_nodes=args.min_nodes, max_nodes=args.max_nodes, gpus_per_node=args.gpus_per_node,
+        profile=args.profile or args.name, time_limit=args.time, rescale_up_s=args.rescale_up,
+        rescale_down_s=args.rescale_down, grace_s=args.grace_s, launch=args.launch)
     print(job)
     print(f"malletrain: submitted job {job} held in {cfg.slurm.partition}; the daemon starts it "
           f"on idle nodes. Progress: {metrics_dir}/{job}.jsonl", file=sys.stderr)
@@ -170,6 +198,54 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _campaign_metrics(spec, given: str | None) -> str:
+    return metrics_dir_of(given or os.path.join(spec.dir, "metrics"))
+
+
+def cmd_campaign(args) -> int:
+    from malletrain import campaign
+    spec = campaign.load_spec(args.spec)
+    cfg = _config(args.config)
+    metrics_dir = _campaign_metrics(spec, args.metrics_dir)
+    if args.campaign_command == "submit":
+        job = spec.job
+
+        def submit_one(name: str, command: list[str], token: str) -> str:
+            jid = submit_job(
+                cfg, command, token=token, metrics_dir=metrics_dir, name=name,
+                min_nodes=job.get("min_nodes", 1), max_nodes=job.get("max_nodes", 4),
+                gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", spec.name),
+                time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
+                rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
+                launch=job.get("launch", "srun"))
+            print(f"{name}: job {jid}", file=sys.stderr)
+            return jid
+
+        trials = campaign.submit_campaign(spec, submit_one, lambda i: uuid.uuid4().hex[:16])
+        print(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
+              f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
+        return 0
+    st = campaign.load_state(spec)
+    if not st["trials"]:
+        raise InputError("nothing submitted yet: run `malletrain campaign submit` first",
+                         path=campaign.state_path(spec))
+    states = {}
+    try:
+        out = _runner(cfg).read(["squeue", "-h", "-a", "-o", "%i|%T|%D"])
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3:
+                states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
+    except Exception as exc:   # noqa: BLE001 - status still shows files when Slurm is away
+        print(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+    rows = campaign.status_rows(spec, st["trials"], states, metrics_dir)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(campaign.format_status(spec, rows))
+    return 0
+
+
 def cmd_config_check(args) -> int:
     from malletrain.daemon import check_config
     cfg = check_config(load_config(args.file), args.file)
@@ -222,10 +298,29 @@ def add_commands(sub) -> None:
                    help="seconds a start or grow costs (restart + restore), default 30")
     s.add_argument("--rescale-down", type=float, default=20.0, metavar="S",
                    help="seconds a shrink costs, default 20")
+    s.add_argument("--grace-s", type=float, default=30.0, metavar="S",
+                   help="the partition's GraceTime: the job must checkpoint and exit within it "
+                        "(exported as MALLETRAIN_GRACE_S), default 30")
+    s.add_argument("--launch", choices=LAUNCHES, default="srun",
+                   help="srun: one process per GPU (or per CPU-only node) via srun (default); "
+                        "batch: run COMMAND once in the batch shell")
     s.add_argument("--metrics-dir", help="shared directory for progress files and output "
                                          "(default $MALLETRAIN_METRICS_DIR or ~/.malletrain/metrics)")
     s.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
     s.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+
+    from malletrain.campaign import __doc__ as campaign_doc
+    cp = sub.add_parser("campaign", help="NAS/HPO campaigns of malleable trials",
+                        description=campaign_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cpsub = cp.add_subparsers(dest="campaign_command", required=True, metavar="ACTION")
+    for action, helptext in (("submit", "submit the trials not yet submitted (idempotent)"),
+                             ("status", "trials, progress and the best result so far")):
+        a = cpsub.add_parser(action, help=helptext)
+        a.add_argument("spec", help="campaign spec YAML (examples/train/*.yaml)")
+        a.add_argument("--metrics-dir", help="progress files and job output (default <dir>/metrics)")
+        a.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
+        if action == "status":
+            a.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     for name, helptext in (("status", "table of malleable jobs, sizes, throughput and reasons"),
                            ("explain", "why a job has its current size")):
@@ -249,4 +344,6 @@ def dispatch(args) -> int | None:
         return cmd_status(args)
     if args.command == "explain":
         return cmd_explain(args)
+    if args.command == "campaign":
+        return cmd_campaign(args)
     return None

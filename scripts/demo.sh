@@ -38,7 +38,7 @@ malletrain config check "$OUT/config.yaml"
 export MALLETRAIN_METRICS_DIR="$OUT/metrics"
 for spec in "resnet 0.05 1 4" "bert 0.25 1 4" "ncf 0.6 1 2"; do
     set -- $spec
-    malletrain submit --name "$1" --min-nodes "$3" --max-nodes "$4" --rescale-up 3 --rescale-down 2 -- \
+    malletrain submit --launch batch --name "$1" --min-nodes "$3" --max-nodes "$4" --rescale-up 3 --rescale-down 2 -- \
         "$ROOT/.venv/bin/python" -m malletrain.synthjob --work 1e9 --rate 200 --alpha "$2" \
         --checkpoint "$OUT/$1.ckpt" --checkpoint-s 1 --report-s 0.5 >/dev/null
 done

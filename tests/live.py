@@ -75,7 +75,7 @@ class Cluster:
     def submit_synth(self, tmp, name: str, *, lo=1, hi=4, work=1e9, rate=100.0, alpha=0.1,
                      checkpoint_s=0.0, up=2, down=1) -> str:
         out = subprocess.run(
-            [sys.executable, "-m", "malletrain", "submit", "--name", name, "--min-nodes", str(lo),
+            [sys.executable, "-m", "malletrain", "submit", "--launch", "batch", "--name", name, "--min-nodes", str(lo),
              "--max-nodes", str(hi), "--rescale-up", str(up), "--rescale-down", str(down),
              "--metrics-dir", str(tmp / "metrics"), "--",
              sys.executable, "-m", "malletrain.synthjob", "--work", str(work), "--rate", str(rate),

@@ -30,6 +30,7 @@ abandons the step in progress and checkpoints the last boundary.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -84,6 +85,7 @@ class Runtime:
         if self.info.world > 1:
             self._init_group()
         self.store = CheckpointStore(cfg.checkpoint_dir, cfg.keep)
+        os.makedirs(cfg.checkpoint_dir, exist_ok=True)
         self.stop = StopRequest(deadline_s=cfg.deadline_s).install()
         base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
                     node=self.info.node, restart=self.info.restart)
