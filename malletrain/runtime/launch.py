@@ -115,7 +115,8 @@ def mpi_master_addr() -> str | None:
 
 def discover_process() -> DistInfo:
     """:func:`discover` on this process's environment (the impure wrapper)."""
-    env = os.environ
+    env = dict(os.environ)
+    env.setdefault("HOSTNAME", socket.gethostname())
     master = None
     if "MASTER_ADDR" not in env and "RANK" not in env and "SLURM_STEP_NUM_TASKS" not in env \
             and _mpi_env(env) is not None:

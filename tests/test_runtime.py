@@ -1,0 +1,346 @@
+"""The malleable PyTorch runtime: discovery, checkpoints, signals, progress records,
+and the consistency matrix on real processes (torch.distributed, gloo, CPU)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the train extra (torch) is part of the test extra")
+
+from malletrain.errors import ConfigError, InputError  # noqa: E402
+from malletrain.progress import ProgressTail  # noqa: E402
+from malletrain.runtime import logical  # noqa: E402
+from malletrain.runtime.checkpoint import CheckpointStore  # noqa: E402
+from malletrain.runtime.config import RuntimeConfig  # noqa: E402
+from malletrain.runtime.launch import default_port, discover  # noqa: E402
+from malletrain.runtime.metrics import MetricsWriter  # noqa: E402
+from malletrain.runtime.signals import StopRequest  # noqa: E402
+from malletrain.selfcheck import Launcher, Plan, boundaries, free_port  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- discovery
+@pytest.mark.parametrize("env, want", [
+    ({}, (0, 1, 0, "single", "127.0.0.1")),
+    ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "h1"}, (2, 4, 0, "torchrun", "h1")),
+    ({"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+      "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5"}, (3, 8, 1, "srun", "10.0.0.5")),
+    ({"SLURM_PROCID": "0", "SLURM_JOB_ID": "7"}, (0, 1, 0, "single", "127.0.0.1")),   # batch step
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, (1, 2, 0, "mpi", "127.0.0.1")),
+    ({"PMI_RANK": "1", "PMI_SIZE": "3", "MASTER_ADDR": "m"}, (1, 3, 0, "mpi", "m")),
+])
+def test_discover_reads_each_launcher(env, want):
+    info = discover(env)
+    assert (info.rank, info.world, info.local_rank, info.launcher, info.master_addr) == want
+
+
+def test_discover_rejects_inconsistent_or_garbage_env():
+    with pytest.raises(InputError, match="rank 4 of world 4"):
+        discover({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(InputError, match="SLURM_PROCID"):
+        discover({"SLURM_PROCID": "x", "SLURM_STEP_NUM_TASKS": "2"})
+
+
+def test_default_port_matches_the_sbatch_template():
+    with open(os.path.join(ROOT, "scripts", "malleable.sbatch")) as fh:
+        text = fh.read()
+    assert "MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 13 + MALLETRAIN_RESTART) % 20000 ))" in text
+    assert default_port("123", 2) == 20000 + (123 * 13 + 2) % 20000
+    info = discover({"SLURM_JOB_ID": "123", "SLURM_RESTART_COUNT": "2"})
+    assert info.master_port == default_port("123", 2) and info.restart == 2
+
+
+# ---------------------------------------------------------------- logical workers
+def test_assign_mappings():
+    assert logical.assign(4, 3) == [(0, 1), (2,), (3,)]
+    assert logical.assign(5, 2, "round_robin") == [(0, 2, 4), (1, 3)]
+    assert logical.assign(4, 2, [[0, 1, 2], [3]]) == [(0, 1, 2), (3,)]
+    for bad in ([[0, 1], [1, 2, 3]], [[0, 1, 2, 3], []], [[0, 1]]):
+        with pytest.raises(ValueError):
+            logical.assign(4, 2, bad)
+    with pytest.raises(ValueError, match="P=5"):
+        logical.assign(4, 5)
+
+
+def test_runtime_config_rejects_unknown_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown runtime setting.*valid:.*checkpoint_dir"):
+        RuntimeConfig.from_env({}, checkpoint_dir="x", workers=4)
+    with pytest.raises(ConfigError, match="mode"):
+        RuntimeConfig(checkpoint_dir="x", mode="fast")
+    with pytest.raises(ConfigError, match="MALLETRAIN_CHECKPOINT_DIR"):
+        RuntimeConfig.from_env({})
+    cfg = RuntimeConfig.from_env({"MALLETRAIN_GRACE_S": "10", "MALLETRAIN_METRICS": "/m",
+                                  "MALLETRAIN_CHECKPOINT_DIR": "/c"})
+    assert (cfg.grace_s, cfg.deadline_s, cfg.metrics_path, cfg.checkpoint_dir) == (10.0, 5.0, "/m", "/c")
+
+
+# ---------------------------------------------------------------- checkpoints
+def _state(step):
+    g = torch.Generator().manual_seed(step)
+    return {"step": step, "w": torch.randn(50, generator=g), "rng": torch.get_rng_state()}
+
+
+def test_checkpoints_are_atomic_checksummed_and_keep_k(tmp_path):
+    store = CheckpointStore(str(tmp_path), keep=2)
+    for s in (10, 20, 30):
+        saved = store.save(s, _state(s))
+        assert saved.bytes == os.path.getsize(saved.path)
+    assert store.steps() == [30, 20]
+    assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
+    got = store.restore()
+    assert got.step == 30 and torch.equal(got.state["w"], _state(30)["w"]) and got.skipped == ()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "foreign"])
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, caplog, damage):
+    store = CheckpointStore(str(tmp_path), keep=3)
+    store.save(10, _state(10))
+    store.save(20, _state(20))
+    path = store.path(20)
+    blob = open(path, "rb").read()
+    if damage == "flip":
+        blob = blob[:500] + bytes([blob[500] ^ 0x01]) + blob[501:]
+    elif damage == "truncate":
+        blob = blob[: len(blob) // 2]
+    elif damage == "empty":
+        blob = b""
+    else:
+        blob = b"PK\x03\x04 not ours" * 10
+    open(path, "wb").write(blob)
+    with caplog.at_level(logging.WARNING, logger="malletrain.runtime"):
+        got = store.restore()
+    assert got.step == 10 and torch.equal(got.state["w"], _state(10)["w"])
+    assert got.skipped == (path,)
+    assert "unusable" in caplog.text and path in caplog.text
+    assert os.path.exists(path + ".corrupt") and store.steps() == [10]
+
+
+def test_no_valid_checkpoint_means_a_fresh_start(tmp_path, caplog):
+    store = CheckpointStore(str(tmp_path))
+    assert store.restore() is None
+    (tmp_path / "ckpt-000000005.pt").write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING, logger="malletrain.runtime"):
+        assert store.restore() is None
+    assert "starting from scratch" in caplog.text
+
+
+# ---------------------------------------------------------------- signals
+def test_stop_request_repeat_gap_and_deadline():
+    now = [100.0]
+    st = StopRequest(deadline_s=5.0, repeat_gap_s=1.0, clock=lambda: now[0])
+    assert not st.requested and not st.forced
+    st.notify(signal.SIGTERM)
+    st.notify(signal.SIGTERM)          # srun's forwarded copy, same moment: one request
+    assert st.requested and not st.forced and st.name() == "SIGTERM"
+    now[0] = 101.5
+    st.notify(signal.SIGUSR2)          # a real second signal
+    assert st.forced
+    st2 = StopRequest(deadline_s=5.0, clock=lambda: now[0])
+    st2.notify(signal.SIGUSR2)
+    now[0] += 4.9
+    assert not st2.forced
+    now[0] += 0.2
+    assert st2.forced
+
+
+# ---------------------------------------------------------------- progress records
+def test_metrics_records_feed_the_daemons_profiler(tmp_path):
+    path = str(tmp_path / "7.jsonl")
+    w = MetricsWriter(path, base=dict(job="7", world=2, nodes=2, node="n1", restart=0), min_interval_s=0.0)
+    w.record("start", step=0, samples=0, step_s=0.0)
+    for i in range(1, 4):
+        time.sleep(0.05)
+        w.record("progress", step=i * 10, samples=i * 640, step_s=0.005)
+    w.record("exit", step=30, samples=1920, step_s=0.0, reason="done")
+    w.close()
+    recs = [json.loads(x) for x in open(path)]
+    assert [r["event"] for r in recs] == ["start", "progress", "progress", "progress", "exit"]
+    assert set(recs[1]) >= {"t", "job", "step", "samples", "step_s", "world", "nodes", "node",
+                            "event", "restart"}
+    samples = ProgressTail().poll("7", path)
+    assert len(samples) == 2 and all(s.nodes == 2 and s.samples_per_s > 0 for s in samples)
+
+
+def test_metrics_rate_limit_and_unwritable_path(tmp_path):
+    w = MetricsWriter(str(tmp_path / "m.jsonl"), base={}, min_interval_s=60)
+    assert w.record("progress", step=1) and not w.record("progress", step=2)
+    assert w.record("checkpoint", step=2)      # events other than progress always go out
+    w.close()
+    bad = MetricsWriter(str(tmp_path / "no" / "such" / "dir.jsonl"), base={}, min_interval_s=0)
+    bad.record("start")                        # never raises into training
+    bad.close()
+    assert bad.dropped == 1 and bad.written == 0
+
+
+# ---------------------------------------------------------------- consistency matrix
+@pytest.fixture(scope="module")
+def launcher():
+    return Launcher(workers=4, mode="consistency", timeout_s=240)
+
+
+@pytest.fixture(scope="module")
+def reference(launcher, tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ref"))
+    return launcher.run(Plan("P=1", (1,)), 24, d).sha256
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", [
+    Plan("P=2", (2,)), Plan("P=3", (3,)), Plan("P=4", (4,)),
+    Plan("P=3 round robin", (3,), mapping="round_robin"),
+    Plan("P=2 uneven", (2,), mapping="[[0, 1, 2], [3]]"),
+    Plan("P=2 worker 0 not on rank 0", (2,), mapping="[[3], [0, 1, 2]]"),
+], ids=lambda p: p.label)
+def test_parameters_are_bitwise_equal_for_every_process_count(launcher, reference, tmp_path, plan):
+    assert launcher.run(plan, 24, str(tmp_path)).sha256 == reference
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_rescale_schedules_give_the_same_parameters(launcher, reference, tmp_path, seed):
+    rng = random.Random(seed)
+    sched = tuple(rng.randint(1, 4) for _ in range(rng.randint(3, 4)))
+    out = launcher.run(Plan(f"rescale {sched}", sched), 24, str(tmp_path))
+    assert out.launches == len(sched) and out.sha256 == reference, sched
+
+
+@pytest.mark.slow
+def test_kill9_and_resume_gives_the_same_parameters(launcher, reference, tmp_path):
+    out = launcher.run(Plan("kill", (3, 2), kill_segment=1), 24, str(tmp_path))
+    assert out.launches == 3 and "SIGKILL 2 process(es)" in out.notes[0], out.notes
+    assert out.sha256 == reference
+
+
+@pytest.mark.slow
+def test_negative_control_tolerance_mode_differs(tmp_path):
+    """The comparison can fail: the native all-reduce (per-process batches) changes the bits."""
+    tol = Launcher(workers=4, mode="tolerance", timeout_s=240)
+    a = tol.run(Plan("P=1", (1,)), 24, str(tmp_path / "a")).sha256
+    b = tol.run(Plan("P=3", (3,)), 24, str(tmp_path / "b")).sha256
+    assert a != b
+
+
+@pytest.mark.slow
+def test_mpi_launch_trains_the_same_parameters(reference, tmp_path):
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    assert mpiexec, "mpiexec (pip package mpich, in the test extra) not found"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    env["MASTER_PORT"] = str(free_port())
+    out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "malletrain.runtime.reference",
+                          "--dir", str(tmp_path), "--until", "24"], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(mpi, gloo)" in out.stderr
+    assert out.stdout.split()[1] == reference
+
+
+# ---------------------------------------------------------------- signal -> checkpoint -> exit
+def _records(path):
+    return [json.loads(x) for x in open(path)] if os.path.exists(path) else []
+
+
+def _start_long(launcher, tmp_path, procs, env_extra, sleep_s=0.05):
+    metrics = str(tmp_path / "m.jsonl")
+    os.environ.update(env_extra, MALLETRAIN_METRICS=metrics)
+    try:
+        ps = launcher.start(procs, str(tmp_path / "ck"), 100000, extra=["--step-sleep-s", str(sleep_s)])
+    finally:
+        for k in (*env_extra, "MALLETRAIN_METRICS"):
+            os.environ.pop(k, None)
+    return ps, metrics
+
+
+def _started_env_launcher():
+    # Launcher.start drops MALLETRAIN_METRICS for the matrix runs; these tests want it
+    class L(Launcher):
+        def start(self, procs, directory, until, *, mapping="contiguous", extra=None):
+            port = free_port()
+            out = []
+            for rank in range(procs):
+                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(procs), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port))
+                argv = [sys.executable, "-m", "malletrain.runtime.reference", "--dir", directory,
+                        "--until", str(until), *(extra or [])]
+                out.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
+            return out
+    return L(workers=4, mode="consistency", timeout_s=120)
+
+
+def _wait_step(metrics, step, timeout_s=60):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if any(r.get("step", 0) >= step for r in _records(metrics)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no progress to step {step} in {metrics}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["all", "rank1"])
+def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, who, launcher):
+    lau = _started_env_launcher()
+    ps, metrics = _start_long(lau, tmp_path, 2, {"MALLETRAIN_GRACE_S": "10"})
+    _wait_step(metrics, 5)
+    t0 = time.time()
+    targets = ps if who == "all" else ps[1:]       # only one process signalled: all must stop
+    for p in targets:
+        p.send_signal(signal.SIGTERM)
+    for p in ps:
+        p.wait(timeout=30)
+    took = time.time() - t0
+    assert [p.returncode for p in ps] == [0, 0]
+    assert took < 10, f"exit took {took:.1f}s, grace is 10s"
+    exit_rec = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    assert exit_rec["reason"] == "signal"
+    if who == "all":
+        assert exit_rec["signal"] == "SIGTERM" and exit_rec["signal_to_exit_s"] < 10
+    else:   # rank 0 (which writes the records) never saw a signal but stopped at the same step
+        assert exit_rec["signal"] is None
+        err = ps[1].stderr.read()
+        assert "SIGTERM -> checkpoint of step %d" % exit_rec["step"] in err and "within the 10s" in err
+    store = CheckpointStore(str(tmp_path / "ck"))
+    assert store.steps()[0] == exit_rec["step"]
+    assert any(r["event"] == "checkpoint" and r["step"] == exit_rec["step"] for r in _records(metrics))
+    # resume on 3 processes to a later step == an uninterrupted run to that step
+    end = exit_rec["step"] + 6
+    resumed = launcher.run(Plan("resume", (3,)), end, str(tmp_path / "ck"))
+    straight = launcher.run(Plan("straight", (1,)), end, str(tmp_path / "straight"))
+    assert resumed.sha256 == straight.sha256
+
+
+@pytest.mark.slow
+def test_deadline_forces_the_checkpoint_of_the_last_boundary(tmp_path, launcher):
+    lau = _started_env_launcher()
+    # grace 0.2 s: the deadline (grace/2) has passed by the next step -> the step is abandoned
+    ps, metrics = _start_long(lau, tmp_path, 2, {"MALLETRAIN_GRACE_S": "0.2"}, sleep_s=0.5)
+    _wait_step(metrics, 3)
+    for p in ps:
+        p.send_signal(signal.SIGUSR2)
+    for p in ps:
+        p.wait(timeout=30)
+    assert [p.returncode for p in ps] == [0, 0]
+    exit_rec = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    assert exit_rec["reason"] == "forced" and exit_rec["signal"] == "SIGUSR2"
+    step = exit_rec["step"]
+    assert CheckpointStore(str(tmp_path / "ck")).steps()[0] == step
+    resumed = launcher.run(Plan("resume", (1,)), step + 4, str(tmp_path / "ck"))
+    straight = launcher.run(Plan("straight", (2,)), step + 4, str(tmp_path / "straight"))
+    assert resumed.sha256 == straight.sha256
+
+
+def test_boundaries_split_steps_evenly():
+    assert boundaries(24, 4) == [6, 12, 18, 24]
+    assert boundaries(10, 3) == [3, 7, 10]
+    with pytest.raises(ValueError):
+        boundaries(2, 3)
