@@ -333,3 +333,79 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
     out = subprocess.run([os.sys.executable, "-m", "malletrain", "daemon", "--config", str(bad)],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "valid keys" in out.stderr and "interval_s" in out.stderr
+
+
+# ---------------------------------------------------------------- PyTorch trial end to end
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "examples", "train", "digits_train.py")
+
+
+def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_parameters(clean, tmp_path):
+    """The digits example under `malletrain submit` (srun, one process per node, gloo):
+    the daemon sizes it, a primary job preempts it, it resumes on other node counts and
+    ends with exactly the parameters of an uninterrupted single-process run."""
+    import sys
+
+    import torch
+
+    from malletrain.runtime.checkpoint import CheckpointStore
+    cluster = clean
+    steps = 1200
+    train = ["--steps", str(steps), "--checkpoint-every-s", "5", "--eval-every", "100000"]
+    cmd = [sys.executable, EXAMPLE, "--ckpt", str(tmp_path / "ckpt"), *train]
+    out = subprocess.run(
+        [sys.executable, "-m", "malletrain", "submit", "--name", "digits", "--min-nodes", "1",
+         "--max-nodes", "4", "--grace-s", str(GRACE_S), "--rescale-up", "5", "--rescale-down", "3",
+         "--metrics-dir", str(tmp_path / "metrics"), "--", *cmd],
+        env=dict(cluster.env, PYTHONPATH=os.path.dirname(EXAMPLE) + "/../.."), capture_output=True,
+        text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip()
+    # the uninterrupted reference run, meanwhile, outside Slurm
+    ref = subprocess.Popen([sys.executable, EXAMPLE, "--ckpt", str(tmp_path / "ref"), *train],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    d = DaemonProc(tmp_path, cluster).start()
+    try:
+        def progressed():
+            return any(r["event"] == "progress" and r["step"] >= 150
+                       for r in metrics_records(tmp_path, job))
+        wait_until(progressed, 180, "the trial to train 150 steps")
+        prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "4", "-o", "/dev/null",
+                          "--wrap", "sleep 5").strip()
+        wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 90,
+                   "the primary job to get all 4 nodes")
+        result = tmp_path / "ckpt" / "result.json"
+
+        def finished():
+            try:
+                return json.loads(result.read_text()).get("final")
+            except (OSError, ValueError):
+                return False
+        wait_until(finished, 400, "the trial to finish")
+    finally:
+        d.stop()
+        ref_out, ref_err = ref.communicate(timeout=300)
+    recs = metrics_records(tmp_path, job)
+    worlds = {r["world"] for r in recs if r["event"] == "start"}
+    stops = [r for r in recs if r["event"] == "exit" and r.get("reason") in ("signal", "forced")]
+    assert len(worlds) >= 2, f"ran only on {worlds} process(es)"
+    assert stops and all(r["signal_to_exit_s"] is None or r["signal_to_exit_s"] < GRACE_S
+                         for r in stops), stops
+    assert max(r["restart"] for r in recs) >= 1
+    assert ref.returncode == 0, ref_err[-2000:]
+    got = CheckpointStore(str(tmp_path / "ckpt")).restore(quarantine=False)
+    want = CheckpointStore(str(tmp_path / "ref")).restore(quarantine=False)
+    assert got.step == want.step == steps
+    assert got.state["model"].keys() == want.state["model"].keys()
+    assert all(torch.equal(got.state["model"][k], want.state["model"][k]) for k in want.state["model"])
+    summary = {"job": job, "worlds": sorted(worlds), "restarts": max(r["restart"] for r in recs),
+               "stops": [{k: r.get(k) for k in ("step", "world", "reason", "signal", "signal_to_exit_s")}
+                         for r in stops],
+               "starts": [{k: r.get(k) for k in ("step", "world", "restart", "restore_s")}
+                          for r in recs if r["event"] == "start"],
+               "checkpoints": [r.get("write_s") for r in recs if r["event"] == "checkpoint"],
+               "bitwise_equal_to_uninterrupted": True}
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "pytorch-trial-live.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
