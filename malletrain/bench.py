@@ -34,6 +34,9 @@ def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
 
 
 def run(args) -> int:
+    if args.bench_command == "runtime":
+        from malletrain.bench_runtime import run as run_runtime
+        return run_runtime(args)
     if args.bench_command == "slurm":
         from malletrain.bench_slurm import bench_slurm
         return bench_slurm(args)

@@ -177,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     cc.add_argument("--keep", action="store_true", help="keep the runs' checkpoint directories")
 
+    from malletrain.bench_runtime import __doc__ as runtime_doc
+    bt = bsub.add_parser("runtime", help="training runtime: consistency overhead, checkpoint and "
+                                         "resume times", description=runtime_doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bt.add_argument("--procs", type=_positive(int), default=2, help="processes (default 2)")
+    bt.add_argument("--steps", type=_positive(int), default=400, help="steps per timed run")
+    bt.add_argument("--repeats", type=_positive(int), default=4, help="rounds per mode")
+    bt.add_argument("--arch", choices=("cnn", "mlp"), default="cnn")
+    bt.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")

@@ -203,8 +203,12 @@ def _campaign_metrics(spec, given: str | None) -> str:
 
 
 def cmd_campaign(args) -> int:
+    import dataclasses
+
     from malletrain import campaign
     spec = campaign.load_spec(args.spec)
+    if args.dir:
+        spec = dataclasses.replace(spec, dir=os.path.abspath(args.dir))
     cfg = _config(args.config)
     metrics_dir = _campaign_metrics(spec, args.metrics_dir)
     if args.campaign_command == "submit":
@@ -317,6 +321,7 @@ def add_commands(sub) -> None:
                              ("status", "trials, progress and the best result so far")):
         a = cpsub.add_parser(action, help=helptext)
         a.add_argument("spec", help="campaign spec YAML (examples/train/*.yaml)")
+        a.add_argument("--dir", help="campaign directory (overrides the spec's dir)")
         a.add_argument("--metrics-dir", help="progress files and job output (default <dir>/metrics)")
         a.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
         if action == "status":

@@ -409,3 +409,38 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "pytorch-trial-live.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
+
+
+def test_campaign_trials_run_under_the_daemon_and_status_shows_the_best(clean, tmp_path):
+    import sys
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": "mini", "kind": "hpo", "command": [sys.executable, EXAMPLE], "dir": "camp",
+        "search": "grid", "metric": "val_acc", "goal": "max",
+        "space": {"lr": [0.002, 0.1]}, "fixed": {"steps": 120, "eval_every": 40},
+        "job": {"min_nodes": 1, "max_nodes": 2, "grace_s": GRACE_S, "rescale_up_s": 5,
+                "rescale_down_s": 3}}))
+    env = dict(clean.env, PYTHONPATH=os.path.dirname(os.path.dirname(EXAMPLE)) + "/..")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "malletrain", "campaign", *args, str(spec)],
+                              env=env, capture_output=True, text=True, timeout=60)
+    sub = cli("submit")
+    assert sub.returncode == 0, sub.stderr
+    again = cli("submit")          # idempotent: nothing new
+    assert again.returncode == 0 and ": job " not in again.stderr
+    jobs = [t["job"] for t in json.loads((tmp_path / "camp" / "campaign.json").read_text())["trials"]]
+    assert len(jobs) == 2 and len(set(jobs)) == 2
+    d = DaemonProc(tmp_path, clean).start()
+    try:
+        def both_done():
+            rows = json.loads(cli("status", "--json").stdout)
+            return all(r["state"] == "done" for r in rows) and rows
+        rows = wait_until(both_done, 300, "both trials to finish")
+    finally:
+        d.stop()
+    assert all(r["step"] == 120 and r["metric"] is not None for r in rows)
+    best = max(rows, key=lambda r: r["metric"])
+    assert [r["id"] for r in rows if r["best"]] == [best["id"]]
+    text = cli("status").stdout
+    assert "2/2 done; best so far: " + best["id"] in text, text

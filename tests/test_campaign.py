@@ -1,0 +1,134 @@
+"""Campaign specs, sampling, idempotent submission and status (no Slurm: a recording submitter)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from malletrain import campaign
+from malletrain.errors import InputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples", "train")
+
+
+def _spec(tmp_path, text: str):
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    return campaign.load_spec(str(p))
+
+
+BASE = """
+name: t
+command: [python3, train.py]
+dir: out
+search: random
+trials: 5
+seed: 3
+space:
+  lr: {log_uniform: [0.001, 0.1]}
+  width: [16, 32]
+  depth: {int_uniform: [1, 3]}
+fixed: {steps: 10}
+"""
+
+
+@pytest.mark.parametrize("name", ["hpo-digits.yaml", "nas-digits.yaml"])
+def test_shipped_examples_load(name):
+    spec = campaign.load_spec(os.path.join(EXAMPLES, name))
+    trials = campaign.sample(spec)
+    assert trials and all(t["steps"] == 300 for t in trials)
+    assert spec.command[-1] == os.path.join(EXAMPLES, "digits_train.py")
+    if spec.kind == "nas":
+        assert len(trials) == 12 and {t["arch"] for t in trials} == {"cnn", "mlp"}
+
+
+def test_random_search_is_seeded_and_within_bounds(tmp_path):
+    spec = _spec(tmp_path, BASE)
+    a, b = campaign.sample(spec), campaign.sample(spec)
+    assert a == b and len(a) == 5
+    assert all(0.001 <= t["lr"] <= 0.1 and t["width"] in (16, 32) and 1 <= t["depth"] <= 3 for t in a)
+    assert campaign.sample(_spec(tmp_path, BASE.replace("seed: 3", "seed: 4"))) != a
+    assert spec.command[1] == str(tmp_path / "train.py") and spec.dir == str(tmp_path / "out")
+
+
+def test_grid_search_enumerates_every_combination(tmp_path):
+    spec = _spec(tmp_path, "name: g\ncommand: [x]\nsearch: grid\nspace: {a: [1, 2], b: [x, y, z]}\n")
+    got = campaign.sample(spec)
+    assert len(got) == 6 and {(t["a"], t["b"]) for t in got} == {(a, b) for a in (1, 2) for b in "xyz"}
+
+
+@pytest.mark.parametrize("text, match", [
+    (BASE + "budget: 3\n", r"unknown key\(s\) budget in the spec; valid: name, kind"),
+    (BASE + "job: {nodes: 2}\n", r"unknown key\(s\) nodes in job; valid: min_nodes"),
+    (BASE.replace("{log_uniform: [0.001, 0.1]}", "{log_uniform: [0, 0.1]}"), "space.lr"),
+    (BASE.replace("[16, 32]", "[]"), "empty list"),
+    (BASE.replace("search: random", "search: grid"), "grid search needs a list"),
+    (BASE.replace("trials: 5", "trials: 0"), "trials >= 1"),
+    (BASE + "job: {min_nodes: 3, max_nodes: 2}\n", "min_nodes <= max_nodes"),
+    ("name: x\nspace: {a: [1]}\n", "field 'command': missing"),
+    ("- just\n- a list\n", "a campaign spec is a mapping"),
+    ("name: [unclosed\n", "not valid YAML"),
+])
+def test_bad_specs_are_clear_errors(tmp_path, text, match):
+    with pytest.raises(InputError, match=match):
+        _spec(tmp_path, text)
+
+
+def test_submit_is_idempotent_and_survives_a_failure_midway(tmp_path):
+    spec = _spec(tmp_path, BASE)
+    calls = []
+
+    def flaky(name, command, token):
+        calls.append((name, token))
+        if len(calls) == 3:
+            raise RuntimeError("sbatch timed out")
+        return str(100 + len(calls))
+
+    tokens = iter(f"tok{i}" for i in range(100))
+    with pytest.raises(RuntimeError):
+        campaign.submit_campaign(spec, flaky, lambda i: next(tokens))
+    st = campaign.load_state(spec)
+    assert [t["job"] for t in st["trials"]] == ["101", "102", None, None, None]
+    failed_token = st["trials"][2]["token"]
+    trials = campaign.submit_campaign(spec, flaky, lambda i: next(tokens))
+    assert [t["job"] for t in trials] == ["101", "102", "104", "105", "106"]
+    assert calls[3] == ("t-t002", failed_token), "a retried trial keeps its token (no duplicate job)"
+    assert len(campaign.submit_campaign(spec, flaky, lambda i: next(tokens))) == 5 and len(calls) == 6
+    params = json.loads((tmp_path / "out" / "t003" / "params.json").read_text())
+    assert params == trials[3]["params"]
+    cmd = campaign.trial_command(spec, trials[0])
+    assert cmd[-4:] == ["--params", str(tmp_path / "out" / "t000" / "params.json"),
+                        "--ckpt", str(tmp_path / "out" / "t000" / "ckpt")]
+
+
+def test_changed_spec_with_the_same_dir_is_refused(tmp_path):
+    spec = _spec(tmp_path, BASE)
+    campaign.submit_campaign(spec, lambda n, c, t: "1", lambda i: f"k{i}")
+    changed = _spec(tmp_path, BASE.replace("seed: 3", "seed: 9"))
+    with pytest.raises(InputError, match="use a new dir"):
+        campaign.submit_campaign(changed, lambda n, c, t: "1", lambda i: f"k{i}")
+
+
+def test_status_rows_progress_and_best(tmp_path):
+    spec = _spec(tmp_path, BASE)
+    trials = campaign.submit_campaign(spec, lambda n, c, t: str(10 + int(n[-1])), lambda i: f"k{i}")
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    (metrics / "10.jsonl").write_text('{"event":"start","step":0}\n{"event":"progress","step":7,'
+                                      '"samples":448,"restart":1}\ngarbage\n')
+    for tid, acc, final in (("t000", 0.91, True), ("t001", 0.95, False), ("t002", 0.5, True)):
+        d = tmp_path / "out" / tid / "ckpt"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"val_acc": acc, "final": final, "step": 10}))
+    (tmp_path / "out" / "t003" / "ckpt").mkdir(parents=True)
+    (tmp_path / "out" / "t003" / "ckpt" / "result.json").write_text("{not json")
+    rows = campaign.status_rows(spec, trials, {"11": ("running", 2)}, str(metrics))
+    by = {r["id"]: r for r in rows}
+    assert by["t000"]["state"] == "done" and by["t000"]["step"] == 7 and by["t000"]["restarts"] == 1
+    assert by["t001"]["state"] == "running" and by["t001"]["nodes"] == 2
+    assert by["t003"]["metric"] is None and by["t004"]["state"] == "gone"
+    assert [r["id"] for r in rows if r["best"]] == ["t001"]
+    text = campaign.format_status(spec, rows)
+    assert "best so far: t001 val_acc=0.95 (interim)" in text and "2/5 done" in text
