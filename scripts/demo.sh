@@ -2,18 +2,22 @@
 # The main job on the embedded default (fresh Debian 12, as root; a few minutes):
 #  1. installs malletrain (.venv) and Slurm, starts a local 4-node Slurm cluster
 #     (scripts/local-slurm.sh: slurmctld + 4 slurmd, fake GPUs, batch + scavenger);
-#  2. submits 3 malleable jobs with `malletrain submit` (synthetic training jobs that
-#     checkpoint on SIGTERM and write real progress records);
+#  2. submits 2 malleable jobs with `malletrain submit` (synthetic training jobs that
+#     checkpoint on SIGTERM and write real progress records) and an HPO campaign of
+#     6 real PyTorch trials (examples/train/hpo-digits.yaml: a CNN on scikit-learn's
+#     digits, srun one process per node, consistency mode);
 #  3. runs `malletrain daemon`, which starts, grows and shrinks them on idle nodes;
 #  4. replays 8 jobs of the ALCF Theta 2022 log, time-compressed, into `batch`;
 #  5. prints a report (nodes harvested, primary-job waits, preemptions, rescales)
-#     and `malletrain status`; leaves the cluster down (KEEP_CLUSTER=1 keeps it).
-# Outputs in out/demo-slurm/: report.txt, report.json, daemon.log, state/status.json.
+#     `malletrain status` and `malletrain campaign status`; leaves the cluster down
+#     (KEEP_CLUSTER=1 keeps it).
+# Outputs in out/demo-slurm/: report.txt, report.json, daemon.log, state/status.json,
+# campaign/ (trials' checkpoints, results, progress files and output).
 # REPLAY=1 runs the earlier replay demo (a real Philly day, all policies) instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ "${REPLAY:-0}" = 1 ]; then exec bash "$ROOT/scripts/demo-replay.sh"; fi
-source "$ROOT/scripts/env.sh"
+source "$ROOT/scripts/env.sh" train
 cd "$ROOT"
 OUT="${OUT:-$ROOT/out/demo-slurm}"
 rm -rf "$OUT"; mkdir -p "$OUT/metrics"
@@ -36,12 +40,13 @@ EOF
 malletrain config check "$OUT/config.yaml"
 
 export MALLETRAIN_METRICS_DIR="$OUT/metrics"
-for spec in "resnet 0.05 1 4" "bert 0.25 1 4" "ncf 0.6 1 2"; do
+for spec in "resnet 0.05 1 4" "bert 0.25 1 4"; do
     set -- $spec
     malletrain submit --launch batch --name "$1" --min-nodes "$3" --max-nodes "$4" --rescale-up 3 --rescale-down 2 -- \
         "$ROOT/.venv/bin/python" -m malletrain.synthjob --work 1e9 --rate 200 --alpha "$2" \
         --checkpoint "$OUT/$1.ckpt" --checkpoint-s 1 --report-s 0.5 >/dev/null
 done
+malletrain campaign submit examples/train/hpo-digits.yaml --dir "$OUT/campaign"
 squeue
 
 malletrain daemon --config "$OUT/config.yaml" > "$OUT/daemon.log" 2>&1 &
@@ -55,6 +60,8 @@ python -m malletrain.demo_live --stream examples/primary-jobs.csv --out "$OUT" -
     --ctld-log "$(dirname "$(dirname "$SLURM_CONF")")/log/slurmctld.log" --max-s 200 | tee "$OUT/driver.log" | grep -v '^\[demo\]' || true
 
 echo; echo "[demo] malletrain status:"; malletrain status --state-dir "$OUT/state" || true
+echo; echo "[demo] malletrain campaign status:"
+malletrain campaign status examples/train/hpo-digits.yaml --dir "$OUT/campaign" | tee "$OUT/campaign-status.txt" || true
 kill -TERM $DAEMON; wait $DAEMON || true
 trap - EXIT
 echo "[demo] daemon stopped (SIGTERM); its JSON log is $OUT/daemon.log"

@@ -17,8 +17,8 @@ A step in **consistency** mode (the default):
    row; every process all-gathers every row and sums them in worker order
    0..L-1, so the sum is the same float operations on every process and for
    every P.  The mean is applied as the gradient; the optimizer steps.
-3. Buffers become those left by worker 0's forward, broadcast (an exact copy)
-   from the process that ran it.
+3. Buffers become those left by worker 0's forward: their raw bytes ride in
+   worker 0's row (a bit-exact carrier), so no extra collective is needed.
 
 In **tolerance** mode each process runs its workers' samples as one batch and
 the gradients meet in the native all-reduce: faster, equal only to rounding.
@@ -120,6 +120,7 @@ class Runtime:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         self.buffers = list(model.buffers())
+        self._buf_words = _words(self.buffers)
         self.data = data
         n = len(data[0]) if isinstance(data, tuple) else len(data)
         try:
@@ -244,44 +245,43 @@ class Runtime:
         off = 0
         for p in self.params:
             n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).clone()
+            p.grad = flat[off:off + n].view_as(p)
             off += n
 
     def _consistent_step(self, loss_fn, flags) -> StepResult:
         import torch
-        L, n = self.cfg.logical_workers, self.numel
+        L, n, m = self.cfg.logical_workers, self.numel, self._buf_words
         width = max(len(ws) for ws in self.owned)
-        rows = torch.zeros(width, n + EXTRA, dtype=torch.float32, device=self.device)
+        # row: gradient (n) | loss | stop, force, ckpt | worker 0's buffers as raw 32-bit words (m)
+        rows = torch.zeros(width, n + EXTRA + m, dtype=torch.float32, device=self.device)
         snap = [b.detach().clone() for b in self.buffers]
         rng_start = {w: self.rng[w] for w in self.mine}
-        w0_buffers = None
         for i, w in enumerate(self.mine):
             if self.stop.forced:
                 flags = (1.0, 1.0, flags[2])
                 break
-            with torch.no_grad():
-                for b, s in zip(self.buffers, snap):
-                    b.copy_(s)
+            if i:
+                with torch.no_grad():
+                    for b, s in zip(self.buffers, snap):
+                        b.copy_(s)
             self._set_rng(self.rng[w])
             batch = self._batch(self.batch_indices(self.step, w))
             self.model.zero_grad(set_to_none=True)
             loss = loss_fn(self.model, batch)
             loss.backward()
             self.rng[w] = self._get_rng()
-            if w == 0:
-                w0_buffers = [b.detach().clone() for b in self.buffers]
+            if w == 0 and m:
+                rows[i, n + EXTRA:] = _pack(self.buffers)
             self._flatten_into(rows[i, :n])
             rows[i, n + LOSS] = loss.detach().float()
-        rows[:, n + STOP], rows[:, n + FORCE], rows[:, n + CKPT] = flags
+        rows[:, n + STOP:n + EXTRA] = torch.tensor(flags, device=self.device)
         if self.pg is None:
             gathered = [rows]
         else:
             import torch.distributed as dist
             gathered = [torch.empty_like(rows) for _ in range(self.info.world)]
             dist.all_gather(gathered, rows)
-        stop = max(float(g[:, n + STOP].max()) for g in gathered)
-        force = max(float(g[:, n + FORCE].max()) for g in gathered)
-        ckpt = max(float(g[:, n + CKPT].max()) for g in gathered)
+        stop, force, ckpt = torch.cat([g[:, n + STOP:n + EXTRA] for g in gathered]).amax(0).tolist()
         if force:
             with torch.no_grad():
                 for b, s in zip(self.buffers, snap):
@@ -291,20 +291,14 @@ class Runtime:
             self._after_step(stop=True, forced=True, ckpt=False)
             return StepResult(self.step, float("nan"), False)
         r0, i0 = self.where[0]
-        acc = gathered[r0][i0].clone()
+        acc = gathered[r0][i0, :n + 1].clone()
         for w in range(1, L):
             r, i = self.where[w]
-            acc += gathered[r][i]
+            acc += gathered[r][i, :n + 1]
         acc.div_(L)
         self._set_grads(acc[:n])
-        with torch.no_grad():
-            if w0_buffers is not None:
-                for b, s in zip(self.buffers, w0_buffers):
-                    b.copy_(s)
-            if self.pg is not None and self.buffers:
-                import torch.distributed as dist
-                for b in self.buffers:
-                    dist.broadcast(b, r0)
+        if m:
+            _unpack(self.buffers, gathered[r0][i0, n + EXTRA:])
         self._apply()
         self._after_step(stop=bool(stop), forced=False, ckpt=bool(ckpt))
         return StepResult(self.step, float(acc[n + LOSS]), True)
@@ -322,13 +316,14 @@ class Runtime:
         self._flatten_into(flat[:n])
         flat[:n].mul_(share)
         flat[n + LOSS] = loss.detach().float() * share
-        flat[n + STOP], flat[n + FORCE], flat[n + CKPT] = flags
+        flat[n + STOP:] = torch.tensor(flags, device=self.device)
         if self.pg is not None:
             import torch.distributed as dist
             dist.all_reduce(flat)
-            with torch.no_grad():
-                for b in self.buffers:
-                    dist.broadcast(b, 0)
+            if self._buf_words:     # DDP semantics: every replica gets rank 0's buffers (one broadcast)
+                packed = _pack(self.buffers)
+                dist.broadcast(packed, 0)
+                _unpack(self.buffers, packed)
         if flat[n + FORCE] > 0:
             self.model.zero_grad(set_to_none=True)
             self._after_step(stop=True, forced=True, ckpt=False)
@@ -434,3 +429,29 @@ class Runtime:
 def _cpu_rng(st: dict) -> dict:
     return {k: v.cpu() for k, v in st.items()}
 
+
+def _words(buffers) -> int:
+    """32-bit words needed to carry the buffers' raw bytes."""
+    nbytes = sum(b.numel() * b.element_size() for b in buffers)
+    return (nbytes + 3) // 4
+
+
+def _pack(buffers):
+    """The buffers' raw bytes as float32 words (a bit-exact carrier: collectives copy bits)."""
+    import torch
+    raw = torch.cat([b.detach().contiguous().view(-1).view(torch.uint8) for b in buffers])
+    pad = (-raw.numel()) % 4
+    if pad:
+        raw = torch.cat([raw, raw.new_zeros(pad)])
+    return raw.view(torch.float32)
+
+
+def _unpack(buffers, words) -> None:
+    import torch
+    raw = words.contiguous().view(torch.uint8)
+    off = 0
+    with torch.no_grad():
+        for b in buffers:
+            nb = b.numel() * b.element_size()
+            b.copy_(raw[off:off + nb].clone().view(b.dtype).view_as(b))
+            off += nb
