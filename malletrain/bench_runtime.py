@@ -98,9 +98,9 @@ def signal_to_exit(procs: int, work: str, extra: list[str]) -> dict:
 
 def run(args) -> int:
     work = tempfile.mkdtemp(prefix="malletrain-bench-runtime-")
-    extra = ["--arch", args.arch]
+    extra = ["--arch", args.arch, "--micro-batch", str(args.micro_batch)]
     rows = {"consistency": [], "tolerance": []}
-    print(f"bench runtime: digits {args.arch}, P={args.procs}, L=4 x 16 samples, {args.steps} steps, "
+    print(f"bench runtime: digits {args.arch}, P={args.procs}, L=4 x {args.micro_batch} samples, {args.steps} steps, "
           f"{args.repeats} rounds (A/B alternated), CPU/gloo, 1 thread per process", flush=True)
     for i in range(args.repeats):
         for mode in ("consistency", "tolerance") if i % 2 == 0 else ("tolerance", "consistency"):
@@ -112,7 +112,7 @@ def run(args) -> int:
     sig = signal_to_exit(args.procs, work, extra)
     cons = rows["consistency"]
     out = {
-        "procs": args.procs, "arch": args.arch, "steps": args.steps, "repeats": args.repeats,
+        "procs": args.procs, "arch": args.arch, "micro_batch": args.micro_batch, "steps": args.steps, "repeats": args.repeats,
         "step_ms": {m: round(1000 * v, 3) for m, v in med.items()},
         "consistency_overhead": round(overhead, 4),
         "checkpoint_write_ms": round(1000 * statistics.median(r["checkpoint_write_s"] for r in cons), 2),

@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--steps", type=_positive(int), default=400, help="steps per timed run")
     bt.add_argument("--repeats", type=_positive(int), default=4, help="rounds per mode")
     bt.add_argument("--arch", choices=("cnn", "mlp"), default="cnn")
+    bt.add_argument("--micro-batch", type=_positive(int), default=32,
+                    help="samples per logical worker (the example's default, 32)")
     bt.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
 
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")

@@ -29,7 +29,7 @@ from torch import nn
 from malletrain.runtime import Runtime, RuntimeConfig
 
 DEFAULTS = dict(arch="cnn", width=16, depth=2, dropout=0.1, lr=0.05, momentum=0.9,
-                weight_decay=1e-4, micro_batch=16, workers=4, steps=300, seed=0,
+                weight_decay=1e-4, micro_batch=32, workers=4, steps=300, seed=0,
                 mode="consistency", eval_every=50, checkpoint_every_s=120.0)
 
 

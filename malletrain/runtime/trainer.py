@@ -232,6 +232,10 @@ class Runtime:
         return float(self.stop.requested), float(self.stop.forced), ckpt
 
     def _flatten_into(self, row) -> None:
+        import torch
+        if all(p.grad is not None for p in self.params):
+            torch.cat([p.grad.reshape(-1) for p in self.params], out=row)
+            return
         off = 0
         for p in self.params:
             n = p.numel()
@@ -240,6 +244,10 @@ class Runtime:
             else:
                 row[off:off + n].copy_(p.grad.reshape(-1))
             off += n
+
+    def _clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
 
     def _set_grads(self, flat) -> None:
         off = 0
@@ -266,7 +274,7 @@ class Runtime:
                         b.copy_(s)
             self._set_rng(self.rng[w])
             batch = self._batch(self.batch_indices(self.step, w))
-            self.model.zero_grad(set_to_none=True)
+            self._clear_grads()
             loss = loss_fn(self.model, batch)
             loss.backward()
             self.rng[w] = self._get_rng()
@@ -287,7 +295,7 @@ class Runtime:
                 for b, s in zip(self.buffers, snap):
                     b.copy_(s)
             self.rng.update(rng_start)
-            self.model.zero_grad(set_to_none=True)
+            self._clear_grads()
             self._after_step(stop=True, forced=True, ckpt=False)
             return StepResult(self.step, float("nan"), False)
         r0, i0 = self.where[0]
@@ -308,7 +316,7 @@ class Runtime:
         L, n = self.cfg.logical_workers, self.numel
         idx = torch.cat([self.batch_indices(self.step, w) for w in self.mine])
         batch = self._batch(idx)
-        self.model.zero_grad(set_to_none=True)
+        self._clear_grads()
         loss = loss_fn(self.model, batch)
         loss.backward()
         share = len(self.mine) / L
@@ -325,7 +333,7 @@ class Runtime:
                 dist.broadcast(packed, 0)
                 _unpack(self.buffers, packed)
         if flat[n + FORCE] > 0:
-            self.model.zero_grad(set_to_none=True)
+            self._clear_grads()
             self._after_step(stop=True, forced=True, ckpt=False)
             return StepResult(self.step, float("nan"), False)
         self._set_grads(flat[:n])
@@ -337,7 +345,7 @@ class Runtime:
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.model.zero_grad(set_to_none=True)
+        self._clear_grads()
         self.step += 1
 
     def _after_step(self, *, stop: bool, forced: bool, ckpt: bool) -> None:
