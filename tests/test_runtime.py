@@ -13,18 +13,17 @@ import sys
 import time
 
 import pytest
+import torch   # the test extra installs the train extra's torch: a missing torch fails, never skips
 
-torch = pytest.importorskip("torch", reason="the train extra (torch) is part of the test extra")
-
-from malletrain.errors import ConfigError, InputError  # noqa: E402
-from malletrain.progress import ProgressTail  # noqa: E402
-from malletrain.runtime import logical  # noqa: E402
-from malletrain.runtime.checkpoint import CheckpointStore  # noqa: E402
-from malletrain.runtime.config import RuntimeConfig  # noqa: E402
-from malletrain.runtime.launch import default_port, discover  # noqa: E402
-from malletrain.runtime.metrics import MetricsWriter  # noqa: E402
-from malletrain.runtime.signals import StopRequest  # noqa: E402
-from malletrain.selfcheck import Launcher, Plan, boundaries, free_port  # noqa: E402
+from malletrain.errors import ConfigError, InputError
+from malletrain.progress import ProgressTail
+from malletrain.runtime import logical
+from malletrain.runtime.checkpoint import CheckpointStore
+from malletrain.runtime.config import RuntimeConfig
+from malletrain.runtime.launch import default_port, discover
+from malletrain.runtime.metrics import MetricsWriter
+from malletrain.runtime.signals import StopRequest
+from malletrain.selfcheck import Launcher, Plan, boundaries, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
