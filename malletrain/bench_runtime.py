@@ -42,10 +42,10 @@ def _launch(procs: int, ckpt: str, metrics: str, args: list[str], backend_env: d
     return ps
 
 
-def _wait(ps, timeout_s: float = 600) -> None:
+def _wait(ps, timeout_s: float = 600, ok: tuple[int, ...] = (0,)) -> None:
     for p in ps:
         _, err = p.communicate(timeout=timeout_s)
-        if p.returncode != 0:
+        if p.returncode not in ok:
             raise MalletrainError(f"example exited {p.returncode}:\n{err[-1500:]}")
 
 
@@ -88,7 +88,7 @@ def signal_to_exit(procs: int, work: str, extra: list[str]) -> dict:
     t0 = time.time()
     for p in ps:
         p.send_signal(signal.SIGTERM)
-    _wait(ps, 60)
+    _wait(ps, 60, ok=(3,))          # EXIT_STOPPED
     wall = time.time() - t0
     ex = [r for r in _records(metrics) if r["event"] == "exit"][-1]
     ck = [r for r in _records(metrics) if r["event"] == "checkpoint"][-1]

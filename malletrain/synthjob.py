@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"synthjob {job}: signal {stop['sig']} -> checkpoint at {done:.0f} and exit in "
               f"{time.time() - stop['t']:.2f}s", flush=True)
         record("exit")
-        return 0
+        return 3    # stopped before the end: the sbatch template requeues the job
     record("exit")
     print(f"synthjob {job}: finished {done:.0f} samples", flush=True)
     return 0

@@ -298,7 +298,7 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, 
     for p in ps:
         p.wait(timeout=30)
     took = time.time() - t0
-    assert [p.returncode for p in ps] == [0, 0]
+    assert [p.returncode for p in ps] == [3, 3]   # EXIT_STOPPED: checkpointed, not finished
     assert took < 10, f"exit took {took:.1f}s, grace is 10s"
     exit_rec = [r for r in _records(metrics) if r["event"] == "exit"][-1]
     assert exit_rec["reason"] == "signal"
@@ -328,7 +328,7 @@ def test_deadline_forces_the_checkpoint_of_the_last_boundary(tmp_path, launcher)
         p.send_signal(signal.SIGUSR2)
     for p in ps:
         p.wait(timeout=30)
-    assert [p.returncode for p in ps] == [0, 0]
+    assert [p.returncode for p in ps] == [3, 3]   # EXIT_STOPPED: checkpointed, not finished
     exit_rec = [r for r in _records(metrics) if r["event"] == "exit"][-1]
     assert exit_rec["reason"] == "forced" and exit_rec["signal"] == "SIGUSR2"
     step = exit_rec["step"]

@@ -444,3 +444,47 @@ def test_campaign_trials_run_under_the_daemon_and_status_shows_the_best(clean, t
     assert [r["id"] for r in rows if r["best"]] == [best["id"]]
     text = cli("status").stdout
     assert "2/2 done; best so far: " + best["id"] in text, text
+
+
+def test_trial_preempted_by_slurm_alone_is_requeued_not_completed(clean, tmp_path):
+    """No daemon: Slurm preempts the trial for a primary job (GraceTime); the trial
+    checkpoints and exits within the grace time, and the template requeues it (Slurm
+    alone would record it COMPLETED); Slurm runs it again and it finishes exactly."""
+    import sys
+
+    import torch
+
+    from malletrain.runtime.checkpoint import CheckpointStore
+    cluster = clean
+    steps = 900
+    train = ["--steps", str(steps), "--checkpoint-every-s", "0", "--eval-every", "100000"]
+    out = subprocess.run(
+        [sys.executable, "-m", "malletrain", "submit", "--name", "alone", "--min-nodes", "1",
+         "--max-nodes", "4", "--grace-s", str(GRACE_S), "--metrics-dir", str(tmp_path / "metrics"),
+         "--", sys.executable, EXAMPLE, "--ckpt", str(tmp_path / "ckpt"), *train],
+        env=dict(cluster.env, PYTHONPATH=os.path.dirname(EXAMPLE) + "/../.."), capture_output=True,
+        text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip()
+    cluster.sh("scontrol", "update", f"jobid={job}", "NumNodes=2-2", "StartTime=now")
+    cluster.sh("scontrol", "release", job)
+    wait_until(lambda: any(r["event"] == "progress" and r["step"] >= 100
+                           for r in metrics_records(tmp_path, job)), 120, "the trial to train")
+    prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "4", "-o", "/dev/null",
+                      "--wrap", "sleep 3").strip()
+    wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 90,
+               "the primary job to preempt the trial")
+    assert cluster.jobs().get(job, {}).get("state") == "PENDING", cluster.jobs().get(job)
+    result = tmp_path / "ckpt" / "result.json"
+    wait_until(lambda: result.exists() and json.loads(result.read_text()).get("final"), 300,
+               "Slurm to rerun the trial to the end")
+    recs = metrics_records(tmp_path, job)
+    stop = [r for r in recs if r["event"] == "exit" and r.get("reason") == "signal"]
+    assert stop and stop[0]["signal_to_exit_s"] < GRACE_S
+    assert [r["restart"] for r in recs if r["event"] == "start"] == [0, 1]
+    ref = subprocess.run([sys.executable, EXAMPLE, "--ckpt", str(tmp_path / "ref"), *train],
+                         capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    got = CheckpointStore(str(tmp_path / "ckpt")).restore(quarantine=False).state["model"]
+    want = CheckpointStore(str(tmp_path / "ref")).restore(quarantine=False).state["model"]
+    assert all(torch.equal(got[k], want[k]) for k in want)

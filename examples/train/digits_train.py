@@ -134,12 +134,12 @@ def main(argv=None) -> int:
         rt.train_step(loss_fn)
         if rt.info.rank == 0 and rt.step % int(hp["eval_every"]) == 0:
             write_result(result_path, {"step": rt.step, "final": False, **evaluate(model, val)})
-    rt.close()
+    rc = rt.close()      # 3 when a signal stopped the run early: the sbatch template requeues
     if rt.info.rank == 0:
         res = {"step": rt.step, "final": rt.finished, **evaluate(model, val)}
         write_result(result_path, res)
         print(json.dumps(res), flush=True)
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

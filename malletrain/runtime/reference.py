@@ -7,8 +7,8 @@ exercised.  Run as a worker::
 
     RANK=0 WORLD_SIZE=1 python -m malletrain.runtime.reference --dir D --until 24
 
-It trains until step ``--until`` (or a stop signal), writes its checkpoint and
-prints ``sha256 <digest> step <n>`` of all parameters and buffers.
+It trains until step ``--until`` (or a stop signal: exit status 3), writes its
+checkpoint and prints ``sha256 <digest> step <n>`` of all parameters and buffers.
 """
 from __future__ import annotations
 
@@ -100,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         rt.train_step(loss_fn)
         if args.step_sleep_s:
             time.sleep(args.step_sleep_s)
-    rt.close()
+    rc = rt.close()
     if rt.info.rank == 0:
         print(f"sha256 {state_sha256(model)} step {rt.step} stopped {rt.stopped or '-'}", flush=True)
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ from malletrain.runtime.signals import StopRequest
 
 log = logging.getLogger("malletrain.runtime")
 
+# exit status of a run that stopped (signal) before its last step: the sbatch template
+# requeues the job on it (Slurm alone would count a job that exits during its preemption
+# grace time as COMPLETED and never run it again)
+EXIT_STOPPED = 3
+
 # extra columns after the flattened gradient in each exchanged row
 LOSS, STOP, FORCE, CKPT = range(4)
 EXTRA = 4
@@ -411,7 +416,10 @@ class Runtime:
 
     # ---- exit --------------------------------------------------------------------------
     def close(self) -> int:
-        """Final checkpoint, exit record, leave the process group; the exit code (0)."""
+        """Final checkpoint, exit record, leave the process group.
+
+        Returns the exit status for the script: 0, or :data:`EXIT_STOPPED` when a stop
+        signal ended the run before its last step (the job must be requeued)."""
         if self.stopped is None:
             self.checkpoint()
         since = self.stop.since_s()
@@ -431,7 +439,7 @@ class Runtime:
             import torch.distributed as dist
             dist.destroy_process_group()
             self.pg = None
-        return 0
+        return EXIT_STOPPED if self.stopped is not None else 0
 
 
 def _cpu_rng(st: dict) -> dict:
