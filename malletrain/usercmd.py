@@ -45,7 +45,9 @@ def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launc
             raise InputError(f"cannot read the sbatch template: {exc.strerror}", path=TEMPLATE) from None
     cmd = shlex.join(command)
     if launch == "srun":
-        cmd = f"srun --ntasks-per-node={tasks_per_node} --kill-on-bad-exit=1 {cmd}"
+        # no --kill-on-bad-exit: one task exiting 3 ("stopped") must not turn its peers'
+        # clean exits into "Terminated" (srun would then return 143, not 3)
+        cmd = f"srun --ntasks-per-node={tasks_per_node} {cmd}"
     fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": f"{grace_s:g}", "launch": cmd}
     for key, value in fields.items():
         template = template.replace("{{" + key + "}}", value)

@@ -152,9 +152,8 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
                           "--wrap", "sleep 25").strip()
         wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 60,
                    "the primary job to start")
-        wait_until(lambda: cluster.jobs().get(prim) is None or
-                   cluster.jobs()[prim]["state"] not in ("RUNNING", "COMPLETING"), 60,
-                   "the primary job to end")
+        wait_until(lambda: cluster.jobs().get(prim, {}).get("state") not in ("RUNNING", "COMPLETING"),
+                   60, "the primary job to end")
         # ...and when it is gone they take the nodes back
         def all_nodes_harvested():
             st = d.status()
