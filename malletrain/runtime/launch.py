@@ -107,7 +107,7 @@ def mpi_master_addr() -> str | None:
     """Rank 0's host name broadcast over MPI (needs mpi4py); None without it."""
     try:
         from mpi4py import MPI
-    except ImportError:
+    except (ImportError, RuntimeError, OSError):   # no mpi4py, or no MPI library behind it
         return None
     comm = MPI.COMM_WORLD
     return comm.bcast(socket.gethostname() if comm.Get_rank() == 0 else None, root=0)
