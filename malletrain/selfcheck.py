@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from malletrain.errors import MalletrainError
+from malletrain.errors import InputError, MalletrainError
 
 
 @dataclass(frozen=True)
@@ -141,9 +141,9 @@ def parse_list(text: str, what: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise MalletrainError(f"{what}: expected comma-separated integers, got {text!r}") from None
+        raise InputError(f"{what}: expected comma-separated integers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
-        raise MalletrainError(f"{what}: expected positive integers, got {text!r}")
+        raise InputError(f"{what}: expected positive integers, got {text!r}")
     return vals
 
 
@@ -176,7 +176,9 @@ def main(args) -> int:
     rescale = parse_list(args.rescale, "--rescale") if args.rescale else None
     for p in procs + (rescale or ()):
         if p > args.workers:
-            raise MalletrainError(f"{p} processes > {args.workers} logical workers")
+            raise InputError(f"{p} processes > {args.workers} logical workers (need 1 <= P <= L)")
+    if rescale and len(rescale) > args.steps:
+        raise InputError(f"--rescale has {len(rescale)} segments but only {args.steps} steps")
     launcher = Launcher(workers=args.workers, mode=args.mode, micro_batch=args.micro_batch,
                         seed=args.seed)
     work = tempfile.mkdtemp(prefix="malletrain-selfcheck-")

@@ -343,3 +343,14 @@ def test_boundaries_split_steps_evenly():
     assert boundaries(10, 3) == [3, 7, 10]
     with pytest.raises(ValueError):
         boundaries(2, 3)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--procs", "1,x"], "comma-separated integers"),
+    (["--procs", "1,5"], "5 processes > 4 logical workers"),
+    (["--rescale", "1,2,3", "--steps", "2"], "only 2 steps"),
+])
+def test_selfcheck_rejects_bad_arguments_with_exit_2(argv, match):
+    out = subprocess.run([sys.executable, "-m", "malletrain", "selfcheck", "consistency", *argv],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and match in out.stderr, out.stderr
