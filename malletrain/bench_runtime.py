@@ -24,22 +24,16 @@ import tempfile
 import time
 
 from malletrain.errors import MalletrainError
-from malletrain.selfcheck import free_port
+from malletrain.selfcheck import spawn_ranks
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "examples", "train", "digits_train.py")
 
 
-def _launch(procs: int, ckpt: str, metrics: str, args: list[str], backend_env: dict | None = None):
-    port = free_port()
-    ps = []
-    for rank in range(procs):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(procs), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), MALLETRAIN_METRICS=metrics,
-                   MALLETRAIN_GRACE_S="30", OMP_NUM_THREADS="1", **(backend_env or {}))
-        ps.append(subprocess.Popen([sys.executable, EXAMPLE, "--ckpt", ckpt, *args], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    return ps
+def _launch(procs: int, ckpt: str, metrics: str, args: list[str]):
+    return spawn_ranks([sys.executable, EXAMPLE, "--ckpt", ckpt, *args], procs,
+                       env={"MALLETRAIN_METRICS": metrics, "MALLETRAIN_GRACE_S": "30"},
+                       stdout=subprocess.DEVNULL)
 
 
 def _wait(ps, timeout_s: float = 600, ok: tuple[int, ...] = (0,)) -> None:

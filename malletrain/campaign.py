@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from malletrain.config import reject_unknown
 from malletrain.errors import InputError, yaml_problem
 
 TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
@@ -60,13 +61,6 @@ class Spec:
     job: dict = field(default_factory=dict)
 
 
-def _check_keys(mapping: dict, valid, path: str, where: str) -> None:
-    unknown = sorted(set(mapping) - set(valid))
-    if unknown:
-        raise InputError(f"unknown key(s) {', '.join(map(str, unknown))} in {where}; valid: "
-                         f"{', '.join(valid)}", path=path)
-
-
 def load_spec(path: str) -> Spec:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -78,7 +72,7 @@ def load_spec(path: str) -> Spec:
         raise InputError(msg, path=path, line=line) from None
     if not isinstance(raw, dict):
         raise InputError("a campaign spec is a mapping (name, command, space, ...)", path=path)
-    _check_keys(raw, TOP_KEYS, path, "the spec")
+    reject_unknown(raw, TOP_KEYS, path, within="the spec")
     base = os.path.dirname(os.path.abspath(path))
 
     def need(key, kind):
@@ -104,7 +98,7 @@ def load_spec(path: str) -> Spec:
     job = raw.get("job") or {}
     if not isinstance(job, dict):
         raise InputError("must be a mapping", path=path, field="job")
-    _check_keys(job, JOB_KEYS, path, "job")
+    reject_unknown(job, JOB_KEYS, path, within="job")
     search = raw.get("search", "random")
     if search not in ("random", "grid"):
         raise InputError("must be random or grid", path=path, field="search")

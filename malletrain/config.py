@@ -54,7 +54,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "con
     """Build ``cls`` from ``data``; unknown keys and bad types are errors."""
     data = dict(data or {})
     valid = {f.name: f for f in fields(cls)}
-    _reject_unknown(data, sorted(valid), "key", where)
+    reject_unknown(data, sorted(valid), where)
     kwargs = {}
     for key, value in data.items():
         default = valid[key].default
@@ -64,10 +64,13 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "con
     return validate(where) if validate else obj
 
 
-def _reject_unknown(data: Mapping, valid: list[str], what: str, where: str) -> None:
+def reject_unknown(data: Mapping, valid, where: str | None, *, what: str = "key",
+                   within: str | None = None) -> None:
+    """ConfigError naming every unknown key of ``data`` and listing the valid ones."""
     unknown = sorted(map(str, set(data) - set(valid)))
     if unknown:
-        raise ConfigError(f"unknown {what}(s) {', '.join(unknown)}; valid {what}s: "
+        place = f" in {within}" if within else ""
+        raise ConfigError(f"unknown {what}(s) {', '.join(unknown)}{place}; valid {what}s: "
                           f"{', '.join(valid)}", path=where)
 
 
@@ -156,7 +159,7 @@ def config_from_mapping(data: Any, where: str = "config") -> Config:
     if not isinstance(data, Mapping):
         raise ConfigError("the top level must be a mapping with sections "
                           f"{', '.join(SECTIONS)}", path=where)
-    _reject_unknown(data, list(SECTIONS), "section", where)
+    reject_unknown(data, list(SECTIONS), where, what="section")
     parts = {}
     for name, cls in SECTIONS.items():
         section = data.get(name)

@@ -61,6 +61,21 @@ def boundaries(steps: int, segments: int) -> list[int]:
     return [round(steps * (i + 1) / segments) for i in range(segments)]
 
 
+def spawn_ranks(argv: list[str], procs: int, *, env: dict | None = None,
+                stdout=subprocess.PIPE) -> list[subprocess.Popen]:
+    """``procs`` copies of ``argv`` as ranks 0..procs-1 of one torchrun-style launch on
+    127.0.0.1 (a fresh port, one intra-op thread each).  ``MALLETRAIN_METRICS`` is not
+    inherited: only ``env`` can set it."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if k != "MALLETRAIN_METRICS"}
+    return [subprocess.Popen(argv, env={**base, "RANK": str(rank), "WORLD_SIZE": str(procs),
+                                        "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                                        **(env or {})},
+                             stdout=stdout, stderr=subprocess.PIPE, text=True)
+            for rank in range(procs)]
+
+
 class Launcher:
     def __init__(self, *, workers: int, mode: str, micro_batch: int = 8, seed: int = 0,
                  timeout_s: float = 300.0, python: str = sys.executable) -> None:
@@ -68,20 +83,12 @@ class Launcher:
         self.timeout_s, self.python = timeout_s, python
 
     def start(self, procs: int, directory: str, until: int, *, mapping: str = "contiguous",
-              extra: list[str] | None = None) -> list[subprocess.Popen]:
-        port = free_port()
-        out = []
-        for rank in range(procs):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(procs), LOCAL_RANK=str(rank),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            env.pop("MALLETRAIN_METRICS", None)
-            argv = [self.python, "-m", "malletrain.runtime.reference", "--dir", directory,
-                    "--until", str(until), "--workers", str(self.workers), "--mode", self.mode,
-                    "--micro-batch", str(self.micro_batch), "--seed", str(self.seed),
-                    "--mapping", mapping, *(extra or [])]
-            out.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True))
-        return out
+              extra: list[str] | None = None, env: dict | None = None) -> list[subprocess.Popen]:
+        argv = [self.python, "-m", "malletrain.runtime.reference", "--dir", directory,
+                "--until", str(until), "--workers", str(self.workers), "--mode", self.mode,
+                "--micro-batch", str(self.micro_batch), "--seed", str(self.seed),
+                "--mapping", mapping, *(extra or [])]
+        return spawn_ranks(argv, procs, env=env)
 
     def wait(self, procs: list[subprocess.Popen]) -> str:
         """Rank 0's stdout once every process exited 0; MalletrainError otherwise."""

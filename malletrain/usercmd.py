@@ -200,10 +200,6 @@ def cmd_explain(args) -> int:
     return 0
 
 
-def _campaign_metrics(spec, given: str | None) -> str:
-    return metrics_dir_of(given or os.path.join(spec.dir, "metrics"))
-
-
 def cmd_campaign(args) -> int:
     import dataclasses
 
@@ -212,7 +208,7 @@ def cmd_campaign(args) -> int:
     if args.dir:
         spec = dataclasses.replace(spec, dir=os.path.abspath(args.dir))
     cfg = _config(args.config)
-    metrics_dir = _campaign_metrics(spec, args.metrics_dir)
+    metrics_dir = metrics_dir_of(args.metrics_dir or os.path.join(spec.dir, "metrics"))
     if args.campaign_command == "submit":
         job = spec.job
 

@@ -60,8 +60,8 @@ def test_grid_search_enumerates_every_combination(tmp_path):
 
 
 @pytest.mark.parametrize("text, match", [
-    (BASE + "budget: 3\n", r"unknown key\(s\) budget in the spec; valid: name, kind"),
-    (BASE + "job: {nodes: 2}\n", r"unknown key\(s\) nodes in job; valid: min_nodes"),
+    (BASE + "budget: 3\n", r"unknown key\(s\) budget in the spec; valid keys: name, kind"),
+    (BASE + "job: {nodes: 2}\n", r"unknown key\(s\) nodes in job; valid keys: min_nodes"),
     (BASE.replace("{log_uniform: [0.001, 0.1]}", "{log_uniform: [0, 0.1]}"), "space.lr"),
     (BASE.replace("[16, 32]", "[]"), "empty list"),
     (BASE.replace("search: random", "search: grid"), "grid search needs a list"),

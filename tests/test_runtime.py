@@ -72,7 +72,7 @@ def test_assign_mappings():
 
 
 def test_runtime_config_rejects_unknown_and_bad_values():
-    with pytest.raises(ConfigError, match="unknown runtime setting.*valid:.*checkpoint_dir"):
+    with pytest.raises(ConfigError, match="unknown runtime setting.*valid runtime settings:.*checkpoint_dir"):
         RuntimeConfig.from_env({}, checkpoint_dir="x", workers=4)
     with pytest.raises(ConfigError, match="mode"):
         RuntimeConfig(checkpoint_dir="x", mode="fast")
@@ -250,30 +250,9 @@ def _records(path):
 
 def _start_long(launcher, tmp_path, procs, env_extra, sleep_s=0.05):
     metrics = str(tmp_path / "m.jsonl")
-    os.environ.update(env_extra, MALLETRAIN_METRICS=metrics)
-    try:
-        ps = launcher.start(procs, str(tmp_path / "ck"), 100000, extra=["--step-sleep-s", str(sleep_s)])
-    finally:
-        for k in (*env_extra, "MALLETRAIN_METRICS"):
-            os.environ.pop(k, None)
+    ps = launcher.start(procs, str(tmp_path / "ck"), 100000, extra=["--step-sleep-s", str(sleep_s)],
+                        env={**env_extra, "MALLETRAIN_METRICS": metrics})
     return ps, metrics
-
-
-def _started_env_launcher():
-    # Launcher.start drops MALLETRAIN_METRICS for the matrix runs; these tests want it
-    class L(Launcher):
-        def start(self, procs, directory, until, *, mapping="contiguous", extra=None):
-            port = free_port()
-            out = []
-            for rank in range(procs):
-                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(procs), MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(port))
-                argv = [sys.executable, "-m", "malletrain.runtime.reference", "--dir", directory,
-                        "--until", str(until), *(extra or [])]
-                out.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True))
-            return out
-    return L(workers=4, mode="consistency", timeout_s=120)
 
 
 def _wait_step(metrics, step, timeout_s=60):
@@ -288,8 +267,7 @@ def _wait_step(metrics, step, timeout_s=60):
 @pytest.mark.slow
 @pytest.mark.parametrize("who", ["all", "rank1"])
 def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, who, launcher):
-    lau = _started_env_launcher()
-    ps, metrics = _start_long(lau, tmp_path, 2, {"MALLETRAIN_GRACE_S": "10"})
+    ps, metrics = _start_long(launcher, tmp_path, 2, {"MALLETRAIN_GRACE_S": "10"})
     _wait_step(metrics, 5)
     t0 = time.time()
     targets = ps if who == "all" else ps[1:]       # only one process signalled: all must stop
@@ -320,9 +298,8 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, 
 
 @pytest.mark.slow
 def test_deadline_forces_the_checkpoint_of_the_last_boundary(tmp_path, launcher):
-    lau = _started_env_launcher()
     # grace 0.2 s: the deadline (grace/2) has passed by the next step -> the step is abandoned
-    ps, metrics = _start_long(lau, tmp_path, 2, {"MALLETRAIN_GRACE_S": "0.2"}, sleep_s=0.5)
+    ps, metrics = _start_long(launcher, tmp_path, 2, {"MALLETRAIN_GRACE_S": "0.2"}, sleep_s=0.5)
     _wait_step(metrics, 3)
     for p in ps:
         p.send_signal(signal.SIGUSR2)

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
+from malletrain.config import reject_unknown
 from malletrain.errors import ConfigError
 from malletrain.runtime.logical import MAPPINGS
 
@@ -68,11 +69,7 @@ class RuntimeConfig:
         (``MALLETRAIN_METRICS``, ``MALLETRAIN_GRACE_S``, ``MALLETRAIN_CHECKPOINT_DIR``)
         filling the ones not given."""
         env = os.environ if env is None else env
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ConfigError(f"unknown runtime setting(s) {', '.join(unknown)}; valid: "
-                              f"{', '.join(sorted(known))}")
+        reject_unknown(kwargs, sorted(f.name for f in fields(cls)), None, what="runtime setting")
         if "metrics_path" not in kwargs and env.get("MALLETRAIN_METRICS"):
             kwargs["metrics_path"] = env["MALLETRAIN_METRICS"]
         if "grace_s" not in kwargs and env.get("MALLETRAIN_GRACE_S"):

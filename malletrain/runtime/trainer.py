@@ -29,10 +29,14 @@ abandons the step in progress and checkpoints the last boundary.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
 from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
 
 from malletrain.errors import InputError
 from malletrain.runtime import logical
@@ -63,7 +67,6 @@ class StepResult:
 
 class Runtime:
     def __init__(self, cfg: RuntimeConfig, info: DistInfo | None = None) -> None:
-        import torch
         self.cfg = cfg
         self.info = info or discover_process()
         torch.set_num_threads(cfg.threads)
@@ -105,9 +108,7 @@ class Runtime:
 
     # ---- setup -------------------------------------------------------------------------
     def _init_group(self) -> None:
-        import datetime
 
-        import torch.distributed as dist
         t0 = time.perf_counter()
         dist.init_process_group(
             self.backend, init_method=f"tcp://{self.info.master_addr}:{self.info.master_port}",
@@ -118,7 +119,6 @@ class Runtime:
 
     def prepare(self, model, optimizer, scheduler=None, *, data) -> "Runtime":
         """Attach the model, optimizer, scheduler and dataset; restore the newest checkpoint."""
-        import torch
         t0 = time.perf_counter()
         self.model = model.to(self.device)
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -153,19 +153,16 @@ class Runtime:
         return self
 
     def _seed_rng(self, seed: int) -> dict:
-        import torch
         torch.manual_seed(seed)
         return self._get_rng()
 
     def _get_rng(self) -> dict:
-        import torch
         st = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             st["cuda"] = torch.cuda.get_rng_state(self.device)
         return st
 
     def _set_rng(self, st: dict) -> None:
-        import torch
         torch.set_rng_state(st["cpu"])
         if self.device.type == "cuda" and "cuda" in st:
             torch.cuda.set_rng_state(st["cuda"], self.device)
@@ -173,8 +170,6 @@ class Runtime:
     def _broadcast_initial(self) -> None:
         if self.pg is None:
             return
-        import torch
-        import torch.distributed as dist
         with torch.no_grad():
             for t in list(self.model.parameters()) + self.buffers:
                 dist.broadcast(t.data, 0)
@@ -185,7 +180,6 @@ class Runtime:
 
     # ---- data --------------------------------------------------------------------------
     def batch_indices(self, step: int, worker: int):
-        import torch
         epoch, j = logical.epoch_of(step, self.per_epoch)
         if self._perm_epoch != epoch:
             n = len(self.data[0]) if isinstance(self.data, tuple) else len(self.data)
@@ -195,7 +189,6 @@ class Runtime:
         return self._perm[start:start + b]
 
     def _batch(self, idx):
-        import torch
         if isinstance(self.data, tuple):
             return tuple(t[idx].to(self.device) for t in self.data)
         items = [self.data[int(i)] for i in idx]
@@ -237,7 +230,6 @@ class Runtime:
         return float(self.stop.requested), float(self.stop.forced), ckpt
 
     def _flatten_into(self, row) -> None:
-        import torch
         if all(p.grad is not None for p in self.params):
             torch.cat([p.grad.reshape(-1) for p in self.params], out=row)
             return
@@ -262,7 +254,6 @@ class Runtime:
             off += n
 
     def _consistent_step(self, loss_fn, flags) -> StepResult:
-        import torch
         L, n, m = self.cfg.logical_workers, self.numel, self._buf_words
         width = max(len(ws) for ws in self.owned)
         # row: gradient (n) | loss | stop, force, ckpt | worker 0's buffers as raw 32-bit words (m)
@@ -291,7 +282,6 @@ class Runtime:
         if self.pg is None:
             gathered = [rows]
         else:
-            import torch.distributed as dist
             gathered = [torch.empty_like(rows) for _ in range(self.info.world)]
             dist.all_gather(gathered, rows)
         stop, force, ckpt = torch.cat([g[:, n + STOP:n + EXTRA] for g in gathered]).amax(0).tolist()
@@ -317,7 +307,6 @@ class Runtime:
         return StepResult(self.step, float(acc[n + LOSS]), True)
 
     def _tolerant_step(self, loss_fn, flags) -> StepResult:
-        import torch
         L, n = self.cfg.logical_workers, self.numel
         idx = torch.cat([self.batch_indices(self.step, w) for w in self.mine])
         batch = self._batch(idx)
@@ -331,7 +320,6 @@ class Runtime:
         flat[n + LOSS] = loss.detach().float() * share
         flat[n + STOP:] = torch.tensor(flags, device=self.device)
         if self.pg is not None:
-            import torch.distributed as dist
             dist.all_reduce(flat)
             if self._buf_words:     # DDP semantics: every replica gets rank 0's buffers (one broadcast)
                 packed = _pack(self.buffers)
@@ -363,11 +351,10 @@ class Runtime:
     # ---- checkpoints -------------------------------------------------------------------
     def state(self) -> dict:
         """Everything needed to continue exactly (gathers the workers' RNG states: collective)."""
-        rng = dict(self.rng) if self.cfg.mode == "consistency" else {}
-        if self.pg is not None and self.cfg.mode == "consistency":
-            import torch.distributed as dist
+        rng = {w: _cpu_rng(s) for w, s in self.rng.items()} if self.cfg.mode == "consistency" else {}
+        if self.pg is not None and rng:
             parts = [None] * self.info.world
-            dist.all_gather_object(parts, {w: _cpu_rng(s) for w, s in self.rng.items()})
+            dist.all_gather_object(parts, rng)
             rng = {w: s for part in parts for w, s in part.items()}
         return {
             "format": 1, "step": self.step, "samples": self.samples, "mode": self.cfg.mode,
@@ -375,7 +362,7 @@ class Runtime:
             "seed": self.cfg.seed, "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": {w: _cpu_rng(s) for w, s in rng.items()}, "extra": dict(self.cfg.extra),
+            "rng": rng, "extra": dict(self.cfg.extra),
         }
 
     def checkpoint(self) -> None:
@@ -392,7 +379,6 @@ class Runtime:
             self.metrics.record("checkpoint", step=self.step, samples=self.samples, step_s=0.0,
                                 write_s=round(total, 4), bytes=saved.bytes)
         if self.pg is not None:
-            import torch.distributed as dist
             dist.barrier()
         self._saved_step = self.step
         self._last_ckpt_t = time.monotonic()
@@ -436,7 +422,6 @@ class Runtime:
         self.metrics.close()
         self.stop.uninstall()
         if self.pg is not None:
-            import torch.distributed as dist
             dist.destroy_process_group()
             self.pg = None
         return EXIT_STOPPED if self.stopped is not None else 0
@@ -454,7 +439,6 @@ def _words(buffers) -> int:
 
 def _pack(buffers):
     """The buffers' raw bytes as float32 words (a bit-exact carrier: collectives copy bits)."""
-    import torch
     raw = torch.cat([b.detach().contiguous().view(-1).view(torch.uint8) for b in buffers])
     pad = (-raw.numel()) % 4
     if pad:
@@ -463,7 +447,6 @@ def _pack(buffers):
 
 
 def _unpack(buffers, words) -> None:
-    import torch
     raw = words.contiguous().view(torch.uint8)
     off = 0
     with torch.no_grad():
