@@ -26,8 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from jpa.model import ScalingFit, anchored, band, fit_scaling
-from malletrain.model import Curve, CurvePoint
+from malletrain.jpa.scaling import ScalingFit, anchored, band, fit_scaling
+from malletrain.domain.model import Curve, CurvePoint
 
 
 @dataclass(frozen=True)

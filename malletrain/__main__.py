@@ -1,5 +1,5 @@
 import sys
 
-from malletrain.cli import main
+from malletrain.cli.main import main
 
 sys.exit(main())

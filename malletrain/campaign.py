@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from malletrain.config import reject_unknown
-from malletrain.errors import InputError, yaml_problem
+from malletrain.domain.config import reject_unknown
+from malletrain.domain.errors import InputError, yaml_problem
 
 TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
             "space", "fixed", "job")

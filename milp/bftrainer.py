@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 
 import pulp
 
-from milp.count import make_solver
+from malletrain.milp.count import make_solver
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pulp
 
-from malletrain.errors import SolverError
-from milp.problem import Allocation, Problem
+from malletrain.domain.errors import SolverError
+from malletrain.milp.problem import Allocation, Problem
 
 SOLVERS = ("cbc", "highs")
 

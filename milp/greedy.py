@@ -6,7 +6,7 @@ until no move gains.  Not optimal for non-concave values; always feasible.
 """
 from __future__ import annotations
 
-from milp.problem import Allocation, Problem
+from malletrain.milp.problem import Allocation, Problem
 
 
 def solve_greedy(problem: Problem, note: str = "") -> Allocation:

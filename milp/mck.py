@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from milp.problem import Allocation, Problem
+from malletrain.milp.problem import Allocation, Problem
 
 
 def solve_mck(problem: Problem) -> Allocation:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
-from malletrain.errors import InputError
+from malletrain.domain.errors import InputError
 
 
 class Option(NamedTuple):

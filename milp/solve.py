@@ -10,11 +10,11 @@ says so in ``notes`` (never a silently stale plan).
 """
 from __future__ import annotations
 
-from malletrain.errors import SolverError
-from milp.count import solve_count_milp
-from milp.greedy import solve_greedy
-from milp.mck import solve_mck
-from milp.problem import Allocation, Problem
+from malletrain.domain.errors import SolverError
+from malletrain.milp.count import solve_count_milp
+from malletrain.milp.greedy import solve_greedy
+from malletrain.milp.mck import solve_mck
+from malletrain.milp.problem import Allocation, Problem
 
 METHODS = ("auto", "dp", "cbc", "highs", "greedy")
 

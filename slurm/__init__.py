@@ -1,4 +1,4 @@
 """Backends behind one protocol: the simulator now, the Slurm CLI next."""
-from slurm.backend import Backend, Observation
+from malletrain.core.backend import Backend, Observation
 
 __all__ = ["Backend", "Observation"]

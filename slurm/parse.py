@@ -41,7 +41,7 @@ from urllib.parse import quote, unquote
 
 import hostlist
 
-from malletrain.errors import BackendError
+from malletrain.domain.errors import BackendError
 
 
 class Phase(enum.Enum):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 
-from malletrain.config import DaemonConfig, SlurmConfig
-from slurm.cli import SlurmBackend
-from slurm.parse import JobRecord, NodeRecord, expand
-from slurm.runner import Runner, SlurmCommandError
+from malletrain.domain.config import DaemonConfig, SlurmConfig
+from malletrain.slurm.adapter import SlurmBackend
+from malletrain.slurm.parse import JobRecord, NodeRecord, expand
+from malletrain.slurm.runner import Runner, SlurmCommandError
 
 
 def slurm_major(runner: Runner) -> int | None:

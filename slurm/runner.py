@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from malletrain.errors import BackendError
+from malletrain.domain.errors import BackendError
 
 log = logging.getLogger("malletrain.slurm")
 

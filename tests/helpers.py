@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import gzip
 
-from malletrain.timeutil import iso
+from malletrain.domain.timeutil import iso
 
 T0 = 1_600_000_000
 

@@ -78,7 +78,7 @@ class Cluster:
             [sys.executable, "-m", "malletrain", "submit", "--launch", "batch", "--name", name, "--min-nodes", str(lo),
              "--max-nodes", str(hi), "--rescale-up", str(up), "--rescale-down", str(down),
              "--metrics-dir", str(tmp / "metrics"), "--",
-             sys.executable, "-m", "malletrain.synthjob", "--work", str(work), "--rate", str(rate),
+             sys.executable, "-m", "devtools.synthjob", "--work", str(work), "--rate", str(rate),
              "--alpha", str(alpha), "--checkpoint", str(tmp / f"{name}.ckpt"),
              "--checkpoint-s", str(checkpoint_s), "--startup-s", "0.5", "--report-s", "0.3"],
             env=dict(self.env, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)

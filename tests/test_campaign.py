@@ -7,7 +7,7 @@ import os
 import pytest
 
 from malletrain import campaign
-from malletrain.errors import InputError
+from malletrain.domain.errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "train")

@@ -1,10 +1,10 @@
 import pytest
 
-from malletrain.config import CoreConfig, from_mapping
-from malletrain.core import decide, size_grid
-from malletrain.cycle import PlanError, reconcile
-from malletrain.errors import ConfigError
-from malletrain.model import (ActionKind, Curve, CurvePoint, JobSpec, JobState, Node, Plan,
+from malletrain.domain.config import CoreConfig, from_mapping
+from malletrain.core.decide import decide, size_grid
+from malletrain.core.cycle import PlanError, reconcile
+from malletrain.domain.errors import ConfigError
+from malletrain.domain.model import (ActionKind, Curve, CurvePoint, JobSpec, JobState, Node, Plan,
                               Snapshot)
 
 

@@ -3,11 +3,11 @@ import random
 
 import pytest
 
-from malletrain.config import CoreConfig
-from malletrain.replay import ReplayOptions, run_replay
+from malletrain.domain.config import CoreConfig
+from malletrain.replay.engine import ReplayOptions, run_replay
 from test_stress import random_trace, random_workload
 
-import malletrain.replay as replay_mod
+import malletrain.replay.engine as replay_mod
 
 
 @pytest.mark.parametrize("policy", ["malletrain", "oracle", "static"])

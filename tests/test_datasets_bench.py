@@ -4,12 +4,12 @@ import os
 
 import pytest
 
-from malletrain.cli import main
-from malletrain.datasets import (APPS, full_curves, make_workload, philly_events, synthetic_trace,
+from malletrain.cli.main import main
+from devtools.datasets import (APPS, full_curves, make_workload, philly_events, synthetic_trace,
                                  write_events, write_workload)
-from malletrain.replay import idle_node_seconds
-from malletrain.traces import load_trace
-from malletrain.workload import load_workload
+from malletrain.replay.engine import idle_node_seconds
+from malletrain.replay.traces import load_trace
+from malletrain.replay.workload import load_workload
 
 
 @pytest.fixture

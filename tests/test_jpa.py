@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from jpa import Advisor, Sample, fit_scaling, probe_counts
-from malletrain.cli import main
+from malletrain.jpa import Advisor, Sample, fit_scaling, probe_counts
+from malletrain.cli.main import main
 
 
 def amdahl_log(a, b, c):

@@ -5,12 +5,12 @@ import random
 import pulp
 import pytest
 
-from milp import JobChoice, Option, Problem, allocate, evaluate
-from milp.bftrainer import NodeJob, solve_per_node
-from milp.count import solve_count_milp
-from milp.greedy import solve_greedy
-from milp.mck import solve_mck
-from milp.problem import job_values
+from malletrain.milp import JobChoice, Option, Problem, allocate, evaluate
+from malletrain.milp.bftrainer import NodeJob, solve_per_node
+from malletrain.milp.count import solve_count_milp
+from malletrain.milp.greedy import solve_greedy
+from malletrain.milp.mck import solve_mck
+from malletrain.milp.problem import job_values
 
 
 def curve(rng):
@@ -99,7 +99,7 @@ def test_greedy_is_always_feasible():
 
 
 def test_solver_failure_falls_back_to_greedy_with_a_note(monkeypatch):
-    import milp.solve as solve_mod
+    import malletrain.milp.solve as solve_mod
 
     def boom(*a, **k):
         raise RuntimeError("solver binary missing")
@@ -111,13 +111,13 @@ def test_solver_failure_falls_back_to_greedy_with_a_note(monkeypatch):
 
 
 def test_unknown_allocator_is_an_error():
-    from malletrain.errors import SolverError
+    from malletrain.domain.errors import SolverError
     with pytest.raises(SolverError):
         allocate(random_problem(random.Random(1)), method="gurobi")
 
 
 def test_missing_zero_option_is_rejected():
-    from malletrain.errors import InputError
+    from malletrain.domain.errors import InputError
     p = Problem((JobChoice("x", (Option(1, 1.0),), ("gpu",)),), {"gpu": 1})
     with pytest.raises(InputError):
         allocate(p)
@@ -133,7 +133,7 @@ def test_pause_costs_charged_at_current_rate():
 
 
 def per_node_instance(rng, n_jobs, n_nodes):
-    from malletrain.bench import per_node_instance as build
+    from malletrain.bench.suite import per_node_instance as build
     return build(rng, n_jobs, n_nodes, curve=curve, max_choices=range(3, 9), held_share=1.0)
 
 
@@ -155,7 +155,7 @@ def test_bftrainer_per_node_formulation_matches_count_optimum():
 
 
 def test_bftrainer_keeps_allocation_when_solver_gives_no_optimum(monkeypatch):
-    import milp.bftrainer as bf
+    import malletrain.milp.bftrainer as bf
 
     class NoSolution:
         def actualSolve(self, lp, **kw):
@@ -171,9 +171,9 @@ def test_bftrainer_keeps_allocation_when_solver_gives_no_optimum(monkeypatch):
 
 def test_fallback_note_reaches_the_log_and_the_summary(monkeypatch, caplog, tmp_path):
     """A solver failure inside a replay is logged and counted, not hidden."""
-    import milp.solve as solve_mod
-    from malletrain.config import CoreConfig
-    from malletrain.replay import ReplayOptions, run_replay
+    import malletrain.milp.solve as solve_mod
+    from malletrain.domain.config import CoreConfig
+    from malletrain.replay.engine import ReplayOptions, run_replay
     from test_stress import random_trace, random_workload
 
     def boom(*a, **k):

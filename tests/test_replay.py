@@ -5,9 +5,9 @@ import os
 import pytest
 
 from helpers import T0, job, write_events, write_workload
-from malletrain.cli import main
-from malletrain.replay import idle_node_seconds
-from malletrain.traces import load_trace
+from malletrain.cli.main import main
+from malletrain.replay.engine import idle_node_seconds
+from malletrain.replay.traces import load_trace
 
 
 def replay(tmp_path, rows, jobs, *extra, name="out"):
@@ -116,7 +116,7 @@ SCHEDULE = [  # (start, end, nodes) of primary jobs on n1..n4
 
 
 def test_three_formats_give_the_same_idle_node_seconds(tmp_path):
-    from malletrain.timeutil import iso
+    from malletrain.domain.timeutil import iso
     # events
     ev = [(0, n, "idle") for n in ("n1", "n2", "n3", "n4")]
     for a, b, ns in SCHEDULE:

@@ -15,15 +15,15 @@ import time
 import pytest
 import torch   # the test extra installs the train extra's torch: a missing torch fails, never skips
 
-from malletrain.errors import ConfigError, InputError
-from malletrain.progress import ProgressTail
+from malletrain.domain.errors import ConfigError, InputError
+from malletrain.daemon.progress import ProgressTail
 from malletrain.runtime import logical
 from malletrain.runtime.checkpoint import CheckpointStore
 from malletrain.runtime.config import RuntimeConfig
 from malletrain.runtime.launch import default_port, discover
 from malletrain.runtime.metrics import MetricsWriter
 from malletrain.runtime.signals import StopRequest
-from malletrain.selfcheck import Launcher, Plan, boundaries, free_port
+from malletrain.runtime.selfcheck import Launcher, Plan, boundaries, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def test_discover_rejects_inconsistent_or_garbage_env():
 
 
 def test_default_port_matches_the_sbatch_template():
-    with open(os.path.join(ROOT, "scripts", "malleable.sbatch")) as fh:
+    with open(os.path.join(ROOT, "slurm", "templates", "malleable.sbatch")) as fh:
         text = fh.read()
     assert "MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 13 + MALLETRAIN_RESTART) % 20000 ))" in text
     assert default_port("123", 2) == 20000 + (123 * 13 + 2) % 20000

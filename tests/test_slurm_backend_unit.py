@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 
-from malletrain.config import DaemonConfig, SlurmConfig
-from malletrain.model import Action, ActionKind
-from slurm.cli import Book, SlurmBackend
-from slurm.parse import Tag
-from slurm.runner import Runner
+from malletrain.domain.config import DaemonConfig, SlurmConfig
+from malletrain.domain.model import Action, ActionKind
+from malletrain.slurm.adapter import Book, SlurmBackend
+from malletrain.slurm.parse import Tag
+from malletrain.slurm.runner import Runner
 
 TAG = Tag("tok", 1, 4, "p", 2.0, 1.0, "").encode()
 

@@ -16,11 +16,12 @@ import time
 import pytest
 
 from live import GRACE_S, Cluster, DaemonProc, metrics_records, wait_until
-from malletrain.config import DaemonConfig, SlurmConfig
-from malletrain.model import Action, ActionKind
-from slurm.cli import SlurmBackend, find_token, submit
-from slurm.parse import parse_tag
-from slurm.runner import Runner, SlurmCommandError
+from malletrain.domain.config import DaemonConfig, SlurmConfig
+from malletrain.domain.model import Action, ActionKind
+from malletrain.slurm.adapter import SlurmBackend
+from malletrain.slurm.submit import find_token, submit
+from malletrain.slurm.parse import parse_tag
+from malletrain.slurm.runner import Runner, SlurmCommandError
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def _cli_backend(cluster, tmp):
 
 
 def _pyslurm_backend(cluster, tmp):
-    from slurm.pyslurm_backend import PyslurmBackend, available
+    from malletrain.slurm.pyslurm_backend import PyslurmBackend, available
     ok, why = available(Runner(slurm_conf=cluster.conf))
     if not ok:
         pytest.skip(f"pyslurm backend not testable here: {why}")

@@ -8,13 +8,13 @@ import subprocess
 
 import pytest
 
-from malletrain.config import config_from_mapping, load_config
-from malletrain.errors import BackendError, ConfigError
-from malletrain.progress import ProgressTail
-from malletrain.service import JsonFormatter, Metrics, Notifier
-from malletrain.usercmd import build_submission
-from slurm import parse
-from slurm.runner import Runner, SlurmCommandError, clean_env
+from malletrain.domain.config import config_from_mapping, load_config
+from malletrain.domain.errors import BackendError, ConfigError
+from malletrain.daemon.progress import ProgressTail
+from malletrain.daemon.service import JsonFormatter, Metrics, Notifier
+from malletrain.slurm.submit import build_submission
+from malletrain.slurm import parse
+from malletrain.slurm.runner import Runner, SlurmCommandError, clean_env
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")

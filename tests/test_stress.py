@@ -6,10 +6,10 @@ import random
 import numpy as np
 import pytest
 
-from malletrain.config import CoreConfig
-from malletrain.replay import ReplayOptions, run_replay
-from malletrain.traces import NodeTrace
-from malletrain.workload import TrueCurve, WorkloadJob
+from malletrain.domain.config import CoreConfig
+from malletrain.replay.engine import ReplayOptions, run_replay
+from malletrain.replay.traces import NodeTrace
+from malletrain.replay.workload import TrueCurve, WorkloadJob
 
 
 def random_trace(rng, n, span):

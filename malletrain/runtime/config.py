@@ -5,8 +5,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
-from malletrain.config import reject_unknown
-from malletrain.errors import ConfigError
+from malletrain.domain.config import reject_unknown
+from malletrain.domain.errors import ConfigError
 from malletrain.runtime.logical import MAPPINGS
 
 MODES = ("consistency", "tolerance")

@@ -27,7 +27,7 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping
 
-from malletrain.errors import InputError
+from malletrain.domain.errors import InputError
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 

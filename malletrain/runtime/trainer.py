@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from malletrain.errors import InputError
+from malletrain.domain.errors import InputError
 from malletrain.runtime import logical
 from malletrain.runtime.checkpoint import CheckpointStore
 from malletrain.runtime.config import RuntimeConfig

@@ -1,0 +1,281 @@
+"""User commands: ``daemon``, ``config check``, ``submit``, ``status``, ``explain``, ``campaign``.
+
+``submit`` runs as the calling user (see :mod:`malletrain.slurm.submit` for the
+batch script and the idempotent sbatch).  ``status`` and ``explain`` read the ``status.json`` the
+daemon rewrites every cycle.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+
+from malletrain.domain.config import Config, SlurmConfig, load_config
+from malletrain.domain.errors import InputError
+from malletrain.slurm.submit import LAUNCHES
+
+DEFAULT_CONFIG = "/etc/malletrain/config.yaml"
+
+
+def _config(path: str | None) -> Config:
+    path = path or os.environ.get("MALLETRAIN_CONFIG")
+    if path is None and os.path.exists(DEFAULT_CONFIG):
+        path = DEFAULT_CONFIG
+    return load_config(path) if path else Config()
+
+
+def _runner(cfg: Config):
+    from malletrain.slurm.runner import Runner
+    s: SlurmConfig = cfg.slurm
+    return Runner(slurm_conf=s.slurm_conf or os.environ.get("SLURM_CONF"),
+                  timeout_s=s.command_timeout_s, retries=s.retries, backoff_s=s.backoff_s)
+
+
+def metrics_dir_of(given: str | None) -> str:
+    d = os.path.abspath(given or os.environ.get("MALLETRAIN_METRICS_DIR")
+                        or os.path.expanduser("~/.malletrain/metrics"))
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    return d
+
+
+def cmd_submit(args) -> int:
+    cfg = _config(args.config)
+    metrics_dir = metrics_dir_of(args.metrics_dir)
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    from malletrain.slurm.submit import submit_job
+    job = submit_job(
+        _runner(cfg), cfg.slurm.partition, command, token=uuid.uuid4().hex[:16], metrics_dir=metrics_dir, name=args.name,
+        min_nodes=args.min_nodes, max_nodes=args.max_nodes, gpus_per_node=args.gpus_per_node,
+        profile=args.profile or args.name, time_limit=args.time, rescale_up_s=args.rescale_up,
+        rescale_down_s=args.rescale_down, grace_s=args.grace_s, launch=args.launch)
+    print(job)
+    print(f"malletrain: submitted job {job} held in {cfg.slurm.partition}; the daemon starts it "
+          f"on idle nodes. Progress: {metrics_dir}/{job}.jsonl", file=sys.stderr)
+    return 0
+
+
+def _status(args) -> dict:
+    state_dir = args.state_dir or _config(args.config).daemon.state_dir
+    path = os.path.join(state_dir, "status.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise InputError("no status yet: is the daemon running with this state_dir?", path=path) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read status: {exc}", path=path) from None
+
+
+def _rate(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def cmd_status(args) -> int:
+    st = _status(args)
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    age = time.time() - st["t"]
+    print(f"cycle {st['cycle']} ({age:.0f}s ago), Slurm {'up' if st['slurm_up'] else 'DOWN'}, "
+          f"{st['idle_nodes']} idle node(s) in {st['partition']}; "
+          f"{st['counters']['starts']} starts, {st['counters']['rescales']} rescales, "
+          f"{st['counters']['preemptions']} preemptions, {st['counters']['vacates']} vacates")
+    head = f"{'JOB':>7} {'NAME':<14} {'STATE':<8} {'SIZE':>4} {'RANGE':>6} {'NODES':<12} " \
+           f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
+    print(head)
+    for j in st["jobs"]:
+        from malletrain.slurm.parse import collect
+        meas = j["measured"]["samples_per_s"] if j["measured"] else None
+        la = j["last_action"]
+        last = f"{la['kind']}: {la['reason']}" if la else (j["reason"] or "-")
+        print(f"{j['job']:>7} {j['name'][:14]:<14} {j['state']:<8} {j['size']:>4} "
+              f"{str(j['min_nodes']) + '-' + str(j['max_nodes']):>6} "
+              f"{collect(j['nodes']) if j['nodes'] else '-':<12} {_rate(meas):>10} "
+              f"{_rate(j['predicted']):>11}  {last}")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    st = _status(args)
+    job = next((j for j in st["jobs"] if j["job"] == str(args.job)), None)
+    if job is None:
+        raise InputError(f"job {args.job} is not a malleable job the daemon knows "
+                         f"(known: {', '.join(j['job'] for j in st['jobs']) or 'none'})")
+    print(f"job {job['job']} ({job['name']}, profile {job['profile'] or '-'}): {job['state']} "
+          f"(Slurm {job['slurm_state']}, {job['slurm_reason'] or 'no reason'}) on "
+          f"{job['size']} node(s), allowed {job['min_nodes']}-{job['max_nodes']}")
+    print(f"why: {job['reason'] or 'no decision yet'}")
+    if job["measured"]:
+        m = job["measured"]
+        print(f"measured: {m['samples_per_s']:.4g} samples/s on {m['nodes']} node(s)")
+    if job["curve"]:
+        src = job["curve_source"]
+        probe = f", next probe at {job['probe']} node(s)" if job["probe"] else ""
+        print(f"predicted throughput ({src}{probe}): " +
+              ", ".join(f"{n}: {v:.4g}" for n, v in job["curve"].items()))
+    if job["history"]:
+        print("recent changes:")
+        for h in job["history"]:
+            when = time.strftime("%H:%M:%S", time.localtime(h["t"]))
+            print(f"  {when} cycle {h['cycle']}: {h['kind']} [{h['from_nodes'] or '-'}] -> "
+                  f"[{h['to_nodes'] or '-'}]: {h['reason']}")
+    return 0
+
+
+def cmd_campaign(args) -> int:
+    import dataclasses
+
+    from malletrain import campaign
+    spec = campaign.load_spec(args.spec)
+    if args.dir:
+        spec = dataclasses.replace(spec, dir=os.path.abspath(args.dir))
+    cfg = _config(args.config)
+    metrics_dir = metrics_dir_of(args.metrics_dir or os.path.join(spec.dir, "metrics"))
+    if args.campaign_command == "submit":
+        from malletrain.slurm.submit import submit_job
+        job = spec.job
+        runner = _runner(cfg)
+
+        def submit_one(name: str, command: list[str], token: str) -> str:
+            jid = submit_job(
+                runner, cfg.slurm.partition, command, token=token, metrics_dir=metrics_dir, name=name,
+                min_nodes=job.get("min_nodes", 1), max_nodes=job.get("max_nodes", 4),
+                gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", spec.name),
+                time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
+                rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
+                launch=job.get("launch", "srun"))
+            print(f"{name}: job {jid}", file=sys.stderr)
+            return jid
+
+        trials = campaign.submit_campaign(spec, submit_one, lambda i: uuid.uuid4().hex[:16])
+        print(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
+              f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
+        return 0
+    st = campaign.load_state(spec)
+    if not st["trials"]:
+        raise InputError("nothing submitted yet: run `malletrain campaign submit` first",
+                         path=campaign.state_path(spec))
+    states = {}
+    try:
+        out = _runner(cfg).read(["squeue", "-h", "-a", "-o", "%i|%T|%D"])
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3:
+                states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
+    except Exception as exc:   # noqa: BLE001 - status still shows files when Slurm is away
+        print(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+    rows = campaign.status_rows(spec, st["trials"], states, metrics_dir)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(campaign.format_status(spec, rows))
+    return 0
+
+
+def cmd_config_check(args) -> int:
+    from malletrain.daemon.loop import check_config
+    cfg = check_config(load_config(args.file), args.file)
+    print(f"{args.file}: ok (interval {cfg.daemon.interval_s:g}s, partition {cfg.slurm.partition}, "
+          f"policy {cfg.core.policy}, state in {cfg.daemon.state_dir})")
+    return 0
+
+
+def cmd_daemon(args) -> int:
+    from malletrain.daemon.loop import Daemon
+    from malletrain.daemon.service import setup_logging
+    cfg = load_config(args.config)
+    cf = setup_logging(cfg.daemon.log_format)
+    d = Daemon(args.config, log_filter=cf)
+    if args.cycles:
+        for _ in range(args.cycles):
+            d.cycle_once()
+            time.sleep(d.config.daemon.interval_s)
+        d.store.close()
+        return 0
+    return d.run()
+
+
+def add_commands(sub) -> None:
+    d = sub.add_parser("daemon", help="run the harvesting service (systemd runs this)",
+                       description="Poll Slurm every interval, re-allocate idle nodes among malleable "
+                                   "jobs, apply the plan. SIGHUP reloads the config, SIGTERM stops "
+                                   "(jobs keep running).")
+    d.add_argument("--config", required=True, help="YAML config (see `malletrain config check`)")
+    d.add_argument("--cycles", type=int, default=0, help="run N cycles and exit (debugging)")
+
+    c = sub.add_parser("config", help="configuration tools")
+    csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    cc = csub.add_parser("check", help="validate a config file (exit 2 with the reason if bad)")
+    cc.add_argument("file")
+
+    s = sub.add_parser("submit", help="submit a malleable job as yourself",
+                       description="Submit COMMAND as a malleable job: held in the scavenger "
+                                   "partition until the daemon gives it idle nodes; requeued on "
+                                   "preemption. COMMAND must checkpoint on SIGTERM/SIGUSR2.",
+                       epilog="example: malletrain submit --name lr-0.1 --min-nodes 1 --max-nodes 4 "
+                              "-- python train.py --lr 0.1")
+    s.add_argument("--name", default="malleable", help="job name")
+    s.add_argument("--min-nodes", type=int, default=1)
+    s.add_argument("--max-nodes", type=int, default=4)
+    s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node to request (0: none)")
+    s.add_argument("--profile", help="jobs of one model share scaling priors (default: --name)")
+    s.add_argument("--time", help="Slurm time limit, e.g. 4:00:00")
+    s.add_argument("--rescale-up", type=float, default=30.0, metavar="S",
+                   help="seconds a start or grow costs (restart + restore), default 30")
+    s.add_argument("--rescale-down", type=float, default=20.0, metavar="S",
+                   help="seconds a shrink costs, default 20")
+    s.add_argument("--grace-s", type=float, default=30.0, metavar="S",
+                   help="the partition's GraceTime: the job must checkpoint and exit within it "
+                        "(exported as MALLETRAIN_GRACE_S), default 30")
+    s.add_argument("--launch", choices=LAUNCHES, default="srun",
+                   help="srun: one process per GPU (or per CPU-only node) via srun (default); "
+                        "batch: run COMMAND once in the batch shell")
+    s.add_argument("--metrics-dir", help="shared directory for progress files and output "
+                                         "(default $MALLETRAIN_METRICS_DIR or ~/.malletrain/metrics)")
+    s.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
+    s.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+
+    from malletrain.campaign import __doc__ as campaign_doc
+    cp = sub.add_parser("campaign", help="NAS/HPO campaigns of malleable trials",
+                        description=campaign_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cpsub = cp.add_subparsers(dest="campaign_command", required=True, metavar="ACTION")
+    for action, helptext in (("submit", "submit the trials not yet submitted (idempotent)"),
+                             ("status", "trials, progress and the best result so far")):
+        a = cpsub.add_parser(action, help=helptext)
+        a.add_argument("spec", help="campaign spec YAML (examples/train/*.yaml)")
+        a.add_argument("--dir", help="campaign directory (overrides the spec's dir)")
+        a.add_argument("--metrics-dir", help="progress files and job output (default <dir>/metrics)")
+        a.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
+        if action == "status":
+            a.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    for name, helptext in (("status", "table of malleable jobs, sizes, throughput and reasons"),
+                           ("explain", "why a job has its current size")):
+        p = sub.add_parser(name, help=helptext)
+        if name == "explain":
+            p.add_argument("job", help="Slurm job id")
+        else:
+            p.add_argument("--json", action="store_true", help="print the raw status JSON")
+        p.add_argument("--state-dir", help="the daemon's state_dir (default: from --config)")
+        p.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
+
+
+def dispatch(args) -> int | None:
+    if args.command == "daemon":
+        return cmd_daemon(args)
+    if args.command == "config":
+        return cmd_config_check(args)
+    if args.command == "submit":
+        return cmd_submit(args)
+    if args.command == "status":
+        return cmd_status(args)
+    if args.command == "explain":
+        return cmd_explain(args)
+    if args.command == "campaign":
+        return cmd_campaign(args)
+    return None

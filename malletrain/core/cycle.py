@@ -1,0 +1,105 @@
+"""The one cycle shared by the daemon and replay: observe → decide → reconcile → apply.
+
+This is the shell around the pure core: it talks to the backend and measures
+the decision latency; ``decide`` and ``reconcile`` do no I/O.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from malletrain.domain.config import CoreConfig
+from malletrain.core.decide import decide
+from malletrain.domain.errors import MalletrainError
+from malletrain.domain.model import Action, Plan, Snapshot
+from malletrain.core.curves import CurveSource
+from malletrain.core.backend import Backend
+
+
+log = logging.getLogger("malletrain.cycle")
+
+
+class PlanError(MalletrainError):
+    """A plan violates an invariant; it is never applied."""
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    plan: Plan
+    actions: tuple[Action, ...]
+    decision_ms: float
+    reused: bool = False      # inputs unchanged: the previous plan stands
+
+
+@dataclass
+class CycleMemo:
+    """The last decision's inputs, so an unchanged cycle reuses its plan.
+
+    ``decide`` is deterministic; when the backend's generation, every curve
+    object (held here, compared by identity) and the set of pinned jobs are
+    unchanged, the plan would be the same and is not recomputed.
+    """
+
+    generation: int | None = None
+    curves: tuple = ()
+    pins: tuple = ()
+    plan: Plan | None = None
+
+
+def _pins(snapshot: Snapshot, config: CoreConfig) -> tuple:
+    now = snapshot.now_s
+    return tuple((j.job_id, j.paused_until_s > now,
+                  config.min_dwell_s > 0 and j.last_change_s is not None
+                  and now - j.last_change_s < config.min_dwell_s) for j in snapshot.jobs)
+
+
+def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
+    """The changes to apply, after checking the plan's invariants.
+
+    Every assigned node is in the harvestable pool and assigned once; no job
+    exceeds ``max_nodes`` or runs below ``min_nodes``.
+    """
+    pool = {n.name for n in snapshot.nodes}
+    specs = {j.job_id: j.spec for j in snapshot.jobs}
+    seen: set[str] = set()
+    for job_id, nodes in plan.allocations.items():
+        spec = specs.get(job_id)
+        if spec is None:
+            raise PlanError(f"plan names unknown job {job_id}")
+        if nodes and not (spec.min_nodes <= len(nodes) <= spec.max_nodes):
+            raise PlanError(f"job {job_id}: {len(nodes)} nodes outside "
+                            f"[{spec.min_nodes}, {spec.max_nodes}]")
+        for n in nodes:
+            if n not in pool:
+                raise PlanError(f"job {job_id}: node {n} is not harvestable")
+            if n in seen:
+                raise PlanError(f"node {n} assigned twice")
+            seen.add(n)
+    return plan.changes()
+
+
+def run_cycle(backend: Backend, source: CurveSource, config: CoreConfig,
+              previous: Plan | None = None, memo: CycleMemo | None = None) -> CycleResult:
+    obs = backend.observe()
+    source.ingest(obs.samples, obs.profiles, obs.finished)
+    t0 = time.perf_counter()
+    curves = source.curves(obs.snapshot)
+    if memo is not None and obs.generation is not None:
+        cur = tuple(curves.items())
+        if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
+                and len(cur) == len(memo.curves)
+                and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cur, memo.curves))):
+            return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
+    plan = decide(obs.snapshot, curves, config, previous)
+    ms = (time.perf_counter() - t0) * 1000.0
+    for note in plan.notes:   # solver timeouts, fallbacks: say why
+        log.warning("t=%.0f %s", obs.snapshot.now_s, note)
+    actions = reconcile(obs.snapshot, plan)
+    backend.apply(actions)
+    if memo is not None and obs.generation is not None:
+        if actions:   # our own changes moved the state: decide afresh next cycle
+            memo.plan = None
+        else:
+            memo.generation, memo.curves, memo.pins, memo.plan = (
+                obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), plan)
+    return CycleResult(plan, actions, ms)

@@ -1,0 +1,254 @@
+"""``decide``: snapshot + curves + config (+ previous plan) → Plan.
+
+Pure: no I/O, no clock, no environment, no global randomness.  Steps:
+
+1. *Pinned* jobs keep their nodes: a job in a rescale pause, one whose size
+   changed less than ``min_dwell_s`` ago, and (malletrain policy) one still
+   measuring its probe count.
+2. *Probes* (malletrain policy): a job whose curve asks for a probe gets that
+   count first, FIFO, while capacity lasts — the JPA needs ≤3 measured counts.
+3. The rest is allocated by the policy's allocator on the remaining capacity
+   (count-based: DP/MILP/greedy; ``bftrainer``: its per-node MILP; ``static``:
+   fixed size, FIFO).
+4. Counts become nodes (:mod:`malletrain.placement`) and every job gets an
+   :class:`Action` with a reason.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from typing import Mapping, Sequence
+
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.model import Action, ActionKind, Curve, JobState, Node, Plan, Snapshot
+from malletrain.core.placement import place
+from malletrain.milp.bftrainer import NodeJob, solve_per_node
+from malletrain.milp.problem import JobChoice, Problem, job_values
+from malletrain.milp.solve import allocate
+
+
+@functools.lru_cache(maxsize=4096)
+def size_grid(min_nodes: int, max_nodes: int, max_candidates: int = 32) -> tuple[int, ...]:
+    """Candidate sizes: every count in range, or a geometric grid if too many."""
+    lo, hi = max(1, min_nodes), max(min_nodes, max_nodes)
+    if hi - lo + 1 <= max_candidates:
+        return tuple(range(lo, hi + 1))
+    ratio = (hi / lo) ** (1.0 / (max_candidates - 1))
+    grid = {lo, hi}
+    for i in range(1, max_candidates - 1):
+        grid.add(min(hi, max(lo, round(lo * ratio ** i))))
+    return tuple(sorted(grid))
+
+
+def _capacity(nodes: Sequence[Node]) -> Counter:
+    return Counter(n.node_type for n in nodes)
+
+
+def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreConfig) -> str | None:
+    if not job.nodes:
+        return None
+    if job.paused_until_s > now_s:
+        return f"keep {job.size}: rescale in progress until t={job.paused_until_s:.0f}s"
+    if (cfg.min_dwell_s > 0 and job.last_change_s is not None
+            and now_s - job.last_change_s < cfg.min_dwell_s):
+        return f"keep {job.size}: changed {now_s - job.last_change_s:.0f}s ago (< min_dwell_s {cfg.min_dwell_s:g})"
+    if cfg.policy == "malletrain" and curve is not None and curve.probe == job.size:
+        return f"keep {job.size}: JPA is measuring throughput at {job.size} nodes"
+    return None
+
+
+def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
+           previous: Plan | None = None) -> Plan:
+    now = snapshot.now_s
+    pool = {n.name: n for n in snapshot.nodes}
+    cap = _capacity(snapshot.nodes)
+    targets: dict[str, tuple[str | None, int]] = {}
+    reasons: dict[str, str] = {}
+    notes: list[str] = []
+    live = list(snapshot.jobs)
+    # Jobs whose nodes left the pool already lost them (the backend shrank them).
+    held_now = {j.job_id: tuple(n for n in j.nodes if n in pool) for j in live}
+    jobs = [JobState(j.spec, held_now[j.job_id], j.node_type, j.paused_until_s, j.last_change_s)
+            for j in live]
+
+    free_jobs: list[JobState] = []
+    for j in jobs:
+        r = _pinned_reason(j, curves.get(j.job_id), now, config)
+        if r and j.size >= j.spec.min_nodes:
+            targets[j.job_id] = (j.node_type or _type_of(j, pool), j.size)
+            reasons[j.job_id] = r
+            cap[targets[j.job_id][0]] -= j.size
+        else:
+            free_jobs.append(j)
+
+    if config.policy == "malletrain":
+        rest = []
+        for j in free_jobs:
+            c = curves.get(j.job_id)
+            p = c.probe if c is not None else None
+            t = j.node_type or _best_type(cap)
+            if p is not None and t is not None and cap[t] >= p:
+                targets[j.job_id] = (t, p)
+                cap[t] -= p
+                reasons[j.job_id] = (f"probe at {p} nodes: the JPA has no measurement there yet "
+                                     f"({c.source})")
+            elif p is not None and not (c and c.points):
+                targets[j.job_id] = (None, 0)
+                reasons[j.job_id] = f"wait: probe needs {p} nodes, {max(cap.values(), default=0)} free"
+            else:
+                rest.append(j)
+        free_jobs = rest
+
+    objective, solver = 0.0, config.policy
+    chosen: dict[str, tuple[str, ...]] = {}     # concrete nodes picked by a per-node policy
+    if config.policy == "static":
+        _static(free_jobs, cap, config, targets, reasons)
+    elif config.policy == "bftrainer":
+        chosen, objective, bf_notes = _bftrainer(snapshot, jobs, free_jobs, curves, config, targets)
+        solver = "bftrainer-cbc"
+        notes.extend(bf_notes)
+        for j in free_jobs:
+            n = len(chosen.get(j.job_id, ()))
+            reasons[j.job_id] = ("wait: BFTrainer's MILP gave it no nodes" if n == 0 and j.size == 0
+                                 else _reason(j, n, curves.get(j.job_id), config, Problem((), {})))
+    else:
+        problem = _problem(free_jobs, curves, cap, config, pool)
+        method = "greedy" if config.policy == "greedy" else config.allocator
+        alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
+        objective, solver = alloc.objective, alloc.solver
+        notes.extend(alloc.notes)
+        for j in free_jobs:
+            t, n = alloc.sizes.get(j.job_id, (None, 0))
+            targets[j.job_id] = (t, n)
+            reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), config, problem)
+
+    alloc_nodes = place(snapshot.nodes, jobs, targets)
+    alloc_nodes.update(chosen)
+    actions = _actions(live, alloc_nodes, reasons)
+    return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
+
+
+def _type_of(job: JobState, pool: Mapping[str, Node]) -> str | None:
+    for n in job.nodes:
+        if n in pool:
+            return pool[n].node_type
+    return None
+
+
+def _best_type(cap: Counter) -> str | None:
+    return max(cap, key=lambda t: (cap[t], t)) if cap else None
+
+
+def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter,
+             cfg: CoreConfig, pool: Mapping[str, Node]) -> Problem:
+    choices = []
+    types = tuple(sorted(t for t in cap if cap[t] > 0)) or tuple(sorted(cap)) or ("gpu",)
+    for j in jobs:
+        curve = curves.get(j.job_id)
+        spec = j.spec
+        mytypes = (j.node_type or _type_of(j, pool),) if j.nodes else types
+        limit = max(cap.get(t, 0) for t in mytypes) if mytypes else 0
+        sizes = [n for n in size_grid(spec.min_nodes, spec.max_nodes, cfg.max_candidates)
+                 if n <= limit]
+        if j.size and j.size not in sizes and spec.min_nodes <= j.size <= spec.max_nodes:
+            sizes.append(j.size)
+        rate = curve.mean if curve is not None else (lambda n: 0.0)
+        opts = job_values(sizes, j.size, cfg.horizon_s, spec.rescale_up_s,
+                          spec.rescale_down_s, rate)
+        choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
+    return Problem(tuple(choices), {t: max(0, c) for t, c in cap.items()} or {"gpu": 0})
+
+
+def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem: Problem) -> str:
+    c = job.size
+    src = curve.source if curve is not None else "no curve"
+    rate = curve.mean if curve is not None else (lambda k: 0.0)
+    if n == c:
+        if n == 0:
+            feasible = [o for ch in problem.jobs if ch.job_id == job.job_id for o in ch.options if o.size]
+            if not feasible:
+                return (f"wait: fewer free nodes than min_nodes={job.spec.min_nodes}")
+            return "wait: the idle nodes are worth more to other jobs"
+        return f"keep {n}: no change beats the current size ({rate(n):.1f} samples/s, {src})"
+    if c == 0:
+        return f"start on {n}: predicted {rate(n):.1f} samples/s ({src})"
+    if n == 0:
+        return (f"stop ({c}→0): its nodes yield more elsewhere over the {cfg.horizon_s:g}s "
+                f"horizon, or fewer than min_nodes={job.spec.min_nodes} remain")
+    if n > c:
+        return (f"grow {c}→{n}: +{rate(n) - rate(c):.1f} samples/s over {cfg.horizon_s:g}s "
+                f"outweighs the {job.spec.rescale_up_s:g}s pause ({src})")
+    return (f"shrink {c}→{n}: loses {rate(c) - rate(n):.1f} samples/s but the nodes yield "
+            f"more elsewhere or are gone ({src})")
+
+
+def _static(jobs: Sequence[JobState], cap: Counter, cfg: CoreConfig,
+            targets: dict, reasons: dict) -> None:
+    blocked = False
+    for j in jobs:
+        size = j.spec.max_nodes if cfg.static_size == "max" else j.spec.min_nodes
+        if j.nodes and j.size >= size:
+            t = j.node_type or _best_type(cap)
+            targets[j.job_id] = (t, size)
+            cap[t] -= size
+            reasons[j.job_id] = f"keep {size}: static size"
+    for j in jobs:
+        if j.job_id in targets:
+            continue
+        size = j.spec.max_nodes if cfg.static_size == "max" else j.spec.min_nodes
+        t = _best_type(cap)
+        if not blocked and t is not None and cap[t] >= size:
+            targets[j.job_id] = (t, size)
+            cap[t] -= size
+            reasons[j.job_id] = (f"start on {size}: static size, FIFO" if not j.nodes else
+                                 f"restart on {size}: static size")
+        else:
+            blocked = True  # strict FIFO: later jobs wait behind the head
+            targets[j.job_id] = (None, 0)
+            reasons[j.job_id] = (f"stop: below its static size {size}" if j.nodes else
+                                 f"wait: FIFO, needs {size} free nodes")
+
+
+def _bftrainer(snapshot: Snapshot, jobs: Sequence[JobState], free_jobs: Sequence[JobState],
+               curves: Mapping[str, Curve], cfg: CoreConfig,
+               targets: Mapping[str, tuple[str | None, int]]
+               ) -> tuple[dict[str, tuple[str, ...]], float, tuple[str, ...]]:
+    """BFTrainer's per-node MILP over the nodes pinned jobs do not hold."""
+    pinned = {n for j in jobs if j.job_id in targets for n in j.nodes}
+    nodes = [n.name for n in snapshot.nodes if n.name not in pinned]
+    njobs = []
+    for j in free_jobs:
+        curve = curves.get(j.job_id)
+        rate = curve.mean if curve is not None else (lambda k: 0.0)
+        bps = size_grid(j.spec.min_nodes, j.spec.max_nodes, cfg.max_candidates)
+        njobs.append(NodeJob(j.job_id, j.spec.min_nodes, j.spec.max_nodes, j.nodes,
+                             j.spec.rescale_up_s, j.spec.rescale_down_s, rate, bps))
+    if not (njobs and nodes):
+        return {}, 0.0, ()
+    res = solve_per_node(njobs, nodes, cfg.horizon_s, time_limit_s=cfg.bftrainer_time_limit_s)
+    return dict(res.nodes), res.objective, res.notes
+
+
+def _actions(jobs: Sequence[JobState], alloc: Mapping[str, tuple[str, ...]],
+             reasons: Mapping[str, str]) -> tuple[Action, ...]:
+    acts = []
+    for j in jobs:
+        new = alloc.get(j.job_id, ())
+        old = j.nodes
+        if not old and not new:
+            kind = ActionKind.WAIT
+        elif not old:
+            kind = ActionKind.START
+        elif not new:
+            kind = ActionKind.STOP
+        elif set(new) == set(old):
+            kind = ActionKind.KEEP
+        elif set(old) <= set(new):
+            kind = ActionKind.GROW
+        elif set(new) <= set(old):
+            kind = ActionKind.SHRINK
+        else:  # old nodes vanished from the pool and new ones were added
+            kind = ActionKind.GROW if len(new) > len(old) else ActionKind.SHRINK
+        acts.append(Action(j.job_id, kind, old, tuple(new), reasons.get(j.job_id, "")))
+    return tuple(acts)

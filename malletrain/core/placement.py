@@ -1,0 +1,106 @@
+"""Turn per-job sizes into concrete nodes.
+
+Rules, in order:
+1. a continuing job keeps its nodes; a shrinking one releases the nodes with
+   the shortest predicted idle window first (unknown windows count as long);
+2. growing jobs (FIFO order) take free nodes of their type with the longest
+   window, preferring the topology group that holds most of their nodes,
+   then low variability;
+3. starting jobs take a whole group when one has room (the group with the
+   most free nodes), else the longest-window nodes across groups.
+Never assigns a node twice, never a node outside the pool, never migrates.
+Free nodes are sorted once; per-(type, group) queues make each take O(count).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict, deque
+from typing import Mapping, Sequence
+
+from malletrain.domain.model import JobState, Node
+
+
+def _rank(n: Node) -> tuple:
+    return (-(math.inf if n.window_end_s is None else n.window_end_s), n.variability, n.name)
+
+
+class _FreeNodes:
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        ordered = sorted(nodes, key=_rank)
+        self.by_type: dict[str, deque] = defaultdict(deque)
+        self.by_group: dict[tuple[str, str], deque] = defaultdict(deque)
+        self.count: Counter = Counter()
+        for n in ordered:
+            self.by_type[n.node_type].append(n)
+            self.by_group[(n.node_type, n.group)].append(n)
+            self.count[(n.node_type, n.group)] += 1
+        self.taken: set[str] = set()
+
+    def _pop(self, q: deque) -> Node | None:
+        while q:
+            n = q.popleft()
+            if n.name not in self.taken:
+                return n
+        return None
+
+    def take(self, ntype: str, count: int, group: str | None) -> list[Node]:
+        if group is None:
+            groups = {g: c for (t, g), c in self.count.items() if t == ntype and c > 0}
+            if groups:
+                fits = [g for g, c in groups.items() if c >= count]
+                group = max(fits or groups, key=lambda g: (groups[g], g))
+        got: list[Node] = []
+        queues = ([self.by_group[(ntype, group)]] if group is not None else []) + [self.by_type[ntype]]
+        for q in queues:
+            while len(got) < count:
+                n = self._pop(q)
+                if n is None:
+                    break
+                self.taken.add(n.name)
+                self.count[(n.node_type, n.group)] -= 1
+                got.append(n)
+        return got
+
+
+def place(nodes: Sequence[Node], jobs: Sequence[JobState],
+          targets: Mapping[str, tuple[str | None, int]]) -> dict[str, tuple[str, ...]]:
+    by_name = {n.name: n for n in nodes}
+    out: dict[str, tuple[str, ...]] = {}
+    held: set[str] = set()
+    for job in jobs:
+        own = [by_name[n] for n in job.nodes if n in by_name]
+        want = targets.get(job.job_id, (None, 0))[1]
+        keep = own if want >= len(own) else sorted(own, key=_rank)[:want]
+        out[job.job_id] = tuple(n.name for n in keep)
+        held.update(out[job.job_id])
+    index: list[_FreeNodes] = []   # built on first use: most cycles take no node
+
+    def take(job_id: str, ntype: str | None, count: int, group: str | None) -> None:
+        if not index:
+            index.append(_FreeNodes([n for n in nodes if n.name not in held]))
+        free = index[0]
+        got = free.take(ntype if ntype is not None else _any_type(free), count, group)
+        if len(got) < count:
+            raise ValueError(f"placement: job {job_id} needs {count} more nodes of type "
+                             f"{ntype}, only {len(got)} free")
+        out[job_id] = out[job_id] + tuple(n.name for n in got)
+
+    for job in jobs:  # growers first: they are already running
+        ntype, want = targets.get(job.job_id, (None, 0))
+        have = len(out[job.job_id])
+        if have and want > have:
+            groups = Counter(by_name[n].group for n in out[job.job_id])
+            take(job.job_id, ntype or by_name[out[job.job_id][0]].node_type, want - have,
+                 groups.most_common(1)[0][0])
+    for job in jobs:
+        ntype, want = targets.get(job.job_id, (None, 0))
+        if not out[job.job_id] and want > 0:
+            take(job.job_id, ntype, want, None)
+    return out
+
+
+def _any_type(free: _FreeNodes) -> str:
+    per_type = Counter()
+    for (t, _), c in free.count.items():
+        per_type[t] += c
+    return max(per_type, key=lambda t: (per_type[t], t)) if per_type else ""

@@ -1,0 +1,92 @@
+"""The daemon's state on local disk: one sqlite file.
+
+Tables: ``books`` (per-job memory the backend writes ahead of every Slurm
+step), ``samples`` (JPA input, so a restart keeps what was learned),
+``actions`` (every applied change with its reason, for ``explain``) and
+``kv`` (progress-file offsets, counters).  Every write is its own
+transaction (WAL mode), so ``kill -9`` at any point leaves a consistent file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import asdict
+from typing import Iterable
+
+from malletrain.jpa.advisor import Sample
+from malletrain.domain.model import Action
+from malletrain.slurm.adapter import Book
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS books (job TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS samples (job TEXT, nodes INTEGER, rate REAL, t REAL);
+CREATE TABLE IF NOT EXISTS actions (t REAL, cycle INTEGER, job TEXT, kind TEXT,
+                                    from_nodes TEXT, to_nodes TEXT, reason TEXT);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS samples_job ON samples(job);
+CREATE INDEX IF NOT EXISTS actions_job ON actions(job);
+"""
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # books
+    def save_book(self, job: str, book: Book | None) -> None:
+        if book is None:
+            self.db.execute("DELETE FROM books WHERE job=?", (job,))
+        else:
+            d = asdict(book)
+            self.db.execute("INSERT OR REPLACE INTO books VALUES (?, ?)", (job, json.dumps(d)))
+
+    def books(self) -> dict[str, Book]:
+        out = {}
+        for job, data in self.db.execute("SELECT job, data FROM books"):
+            d = json.loads(data)
+            d["launching"] = tuple(d["launching"])
+            d["running"] = tuple(d["running"])
+            out[job] = Book(**d)
+        return out
+
+    # samples
+    def add_samples(self, samples: Iterable[Sample]) -> None:
+        rows = [(s.job_id, s.nodes, s.samples_per_s, s.t_s) for s in samples]
+        if rows:
+            with self.db:
+                self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?)", rows)
+
+    def samples(self) -> list[Sample]:
+        return [Sample(j, n, r, t) for j, n, r, t in
+                self.db.execute("SELECT job, nodes, rate, t FROM samples ORDER BY job, t")]
+
+    # actions
+    def add_actions(self, t: float, cycle: int, actions: Iterable[Action]) -> None:
+        rows = [(t, cycle, a.job_id, a.kind.value, ",".join(a.from_nodes), ",".join(a.to_nodes),
+                 a.reason) for a in actions]
+        if rows:
+            with self.db:
+                self.db.executemany("INSERT INTO actions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def history(self, job: str, limit: int = 10) -> list[dict]:
+        rows = self.db.execute("SELECT t, cycle, kind, from_nodes, to_nodes, reason FROM actions "
+                               "WHERE job=? ORDER BY t DESC LIMIT ?", (job, limit)).fetchall()
+        return [dict(t=t, cycle=c, kind=k, from_nodes=f, to_nodes=to, reason=r)
+                for t, c, k, f, to, r in reversed(rows)]
+
+    # key/value
+    def put(self, key: str, value) -> None:
+        self.db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
+
+    def get(self, key: str, default=None):
+        row = self.db.execute("SELECT data FROM kv WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default

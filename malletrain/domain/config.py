@@ -1,0 +1,188 @@
+"""The one configuration schema.
+
+Every section is a frozen dataclass; :func:`from_mapping` builds one from a
+parsed YAML/CLI mapping and rejects unknown keys with the list of valid ones,
+wrong types and out-of-range values, naming the file and key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, TypeVar
+
+from malletrain.domain.errors import ConfigError, yaml_problem
+
+POLICIES = ("malletrain", "oracle", "bftrainer", "greedy", "static")
+ALLOCATORS = ("auto", "dp", "cbc", "highs", "greedy")
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Knobs of the pure decision core (shared by daemon and replay)."""
+
+    policy: str = "malletrain"     # which policy decides (see POLICIES)
+    horizon_s: float = 600.0       # look-ahead H of the objective
+    allocator: str = "auto"        # auto: exact DP for one node type, else MILP
+    time_limit_s: float = 5.0      # MILP solver limit per decision
+    max_candidates: int = 32       # candidate sizes per job (geometric grid beyond)
+    min_dwell_s: float = 0.0       # a job keeps a new size at least this long
+    bftrainer_time_limit_s: float = 10.0  # BFTrainer's per-decision solver limit
+    static_size: str = "max"       # static policy: run each job at 'max' or 'min' nodes
+
+    def validate(self, where: str = "config") -> "CoreConfig":
+        _choice(self.policy, POLICIES, where, "policy")
+        _choice(self.allocator, ALLOCATORS, where, "allocator")
+        _choice(self.static_size, ("max", "min"), where, "static_size")
+        for name in ("horizon_s", "time_limit_s", "bftrainer_time_limit_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"must be > 0, got {getattr(self, name)!r}", path=where, field=name)
+        if self.min_dwell_s < 0:
+            raise ConfigError("must be >= 0", path=where, field="min_dwell_s")
+        if self.max_candidates < 2:
+            raise ConfigError("must be >= 2", path=where, field="max_candidates")
+        return self
+
+
+def _choice(value: str, allowed: tuple[str, ...], where: str, key: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{value!r} is not one of: {', '.join(allowed)}", path=where, field=key)
+
+
+T = TypeVar("T")
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "config") -> T:
+    """Build ``cls`` from ``data``; unknown keys and bad types are errors."""
+    data = dict(data or {})
+    valid = {f.name: f for f in fields(cls)}
+    reject_unknown(data, sorted(valid), where)
+    kwargs = {}
+    for key, value in data.items():
+        default = valid[key].default
+        kwargs[key] = _coerce(value, default, where, key)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    return validate(where) if validate else obj
+
+
+def reject_unknown(data: Mapping, valid, where: str | None, *, what: str = "key",
+                   within: str | None = None) -> None:
+    """ConfigError naming every unknown key of ``data`` and listing the valid ones."""
+    unknown = sorted(map(str, set(data) - set(valid)))
+    if unknown:
+        place = f" in {within}" if within else ""
+        raise ConfigError(f"unknown {what}(s) {', '.join(unknown)}{place}; valid {what}s: "
+                          f"{', '.join(valid)}", path=where)
+
+
+def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"expected true/false, got {value!r}", path=where, field=key)
+        return value
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"expected a number, got {value!r}", path=where, field=key)
+        if isinstance(default, int) and not float(value).is_integer():
+            raise ConfigError(f"expected an integer, got {value!r}", path=where, field=key)
+        return type(default)(value)
+    if isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(f"expected a string, got {value!r}", path=where, field=key)
+    return value
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """How the daemon reaches Slurm (``slurm:`` section)."""
+
+    partition: str = "scavenger"    # where malleable jobs live (preemptible)
+    slurm_conf: str = ""            # SLURM_CONF for every command; '' = Slurm's default
+    command_timeout_s: float = 10.0  # per Slurm command
+    retries: int = 3                # read commands: retries with jittered backoff
+    backoff_s: float = 0.5          # first retry delay (doubles, ±50% jitter)
+    reservations_every: int = 6     # read reservations every N cycles (0 = never)
+
+    def validate(self, where: str = "config") -> "SlurmConfig":
+        if not self.partition:
+            raise ConfigError("must not be empty", path=where, field="partition")
+        for name in ("command_timeout_s", "backoff_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError("must be > 0", path=where, field=name)
+        for name in ("retries", "reservations_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", path=where, field=name)
+        return self
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The service loop (``daemon:`` section)."""
+
+    interval_s: float = 10.0         # one cycle per interval
+    state_dir: str = "/var/lib/malletrain"   # sqlite state and status.json (local disk)
+    metrics_host: str = "127.0.0.1"  # Prometheus endpoint; loopback only
+    metrics_port: int = 9687         # 0 = no endpoint
+    vacate_lead_s: float = 60.0      # give nodes back this long before a primary job's planned start (0 = off)
+    start_timeout_s: float = 60.0    # a released job that has not started by then is held again
+    rescale_wait_s: float = 45.0     # wait this long for a requeued job to leave COMPLETING
+    max_line_bytes: int = 4096       # longer progress lines are skipped
+    log_format: str = "json"         # json | text
+
+    def validate(self, where: str = "config") -> "DaemonConfig":
+        for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError("must be > 0", path=where, field=name)
+        if self.vacate_lead_s < 0:
+            raise ConfigError("must be >= 0", path=where, field="vacate_lead_s")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("must be a port number (0 = off)", path=where, field="metrics_port")
+        if self.max_line_bytes < 64:
+            raise ConfigError("must be >= 64", path=where, field="max_line_bytes")
+        _choice(self.log_format, ("json", "text"), where, "log_format")
+        return self
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole daemon configuration file: ``core:``, ``slurm:``, ``daemon:``."""
+
+    core: CoreConfig = CoreConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    daemon: DaemonConfig = DaemonConfig()
+
+
+SECTIONS = {"core": CoreConfig, "slurm": SlurmConfig, "daemon": DaemonConfig}
+
+
+def config_from_mapping(data: Any, where: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("the top level must be a mapping with sections "
+                          f"{', '.join(SECTIONS)}", path=where)
+    reject_unknown(data, list(SECTIONS), where, what="section")
+    parts = {}
+    for name, cls in SECTIONS.items():
+        section = data.get(name)
+        if section is not None and not isinstance(section, Mapping):
+            raise ConfigError("must be a mapping", path=where, field=name)
+        try:
+            parts[name] = from_mapping(cls, section, where)
+        except ConfigError as exc:   # name the section in the error
+            if exc.field is None:
+                raise ConfigError(f"section {name}: {exc.message}", path=where) from None
+            raise ConfigError(exc.message, path=where, field=f"{name}.{exc.field}") from None
+    return Config(**parts)
+
+
+def load_config(path: str) -> Config:
+    """Read and validate a YAML config file; every problem is a ConfigError."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    except yaml.YAMLError as exc:
+        message, line = yaml_problem(exc)
+        raise ConfigError(message, path=path, line=line) from None
+    return config_from_mapping(data, path)

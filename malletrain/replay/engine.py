@@ -1,0 +1,307 @@
+"""Replay: run the decision core over a recorded primary workload.
+
+Decisions happen at every node event (events at one instant are batched),
+job arrival and completion, and at least every ``interval_s``; each one is
+the shared :func:`malletrain.cycle.run_cycle` against :class:`slurm.sim.SimCluster`.
+Results go to ``OUT/summary.json``, ``OUT/timeline.csv`` and PNG plots,
+written to a temporary directory first and moved into place at the end, so a
+failed run leaves nothing half-written.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from malletrain.domain.config import CoreConfig
+from malletrain.core.cycle import CycleMemo, run_cycle
+from malletrain.domain.model import JobSpec, Plan
+from malletrain.core.curves import CurveSource
+from malletrain.replay.traces import NodeTrace
+from malletrain.replay.workload import WorkloadJob
+from malletrain.replay.sim import SimCluster
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    core: CoreConfig = field(default_factory=CoreConfig)
+    interval_s: float = 30.0
+    max_jobs: int | None = None
+    seed: int = 0
+    noise: float = 0.0
+    quiet: bool = True
+    check_invariants: bool = False   # verify simulator state after every cycle (tests)
+
+
+@dataclass
+class ReplayResult:
+    summary: dict
+    timeline: list[tuple]
+    progress: dict[str, list[tuple[float, float]]]
+    jobs: list[dict]
+
+
+def node_order(trace: NodeTrace) -> np.ndarray:
+    """Event indices grouped by node, time order kept within each node."""
+    return np.argsort(trace.node_idx, kind="stable")
+
+
+def idle_node_seconds(trace: NodeTrace, order: np.ndarray | None = None) -> float:
+    """∫ number of idle nodes dt over the trace window (vectorised).
+
+    An event counts only when it flips its node's state; ``order`` is
+    :func:`node_order` if the caller has it already.
+    """
+    n0 = int((~trace.initial_busy).sum())
+    if trace.n_events == 0:
+        return n0 * (trace.end_s - trace.start_s)
+    order = node_order(trace) if order is None else order
+    idx_sorted = trace.node_idx[order]
+    busy_sorted = trace.busy[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = idx_sorted[1:] != idx_sorted[:-1]
+    prev = np.empty_like(busy_sorted)       # the node's state before each event
+    prev[1:] = busy_sorted[:-1]
+    prev[first] = trace.initial_busy[idx_sorted[first]]
+    delta = np.zeros(trace.n_events)
+    delta[order] = np.where(busy_sorted, -1.0, 1.0) * (busy_sorted != prev)
+    levels = np.concatenate([[n0], n0 + np.cumsum(delta)])
+    times = np.concatenate([[trace.start_s], trace.times, [trace.end_s]])
+    return float(np.sum(levels * np.diff(times)))
+
+
+def _window_ends(trace: NodeTrace, order: np.ndarray) -> np.ndarray:
+    """For each event, when that node's next event happens (inf if none)."""
+    idx_sorted = trace.node_idx[order]
+    nxt_sorted = np.full(len(order), np.inf)
+    nxt_sorted[:-1] = np.where(idx_sorted[1:] == idx_sorted[:-1], trace.times[order][1:], np.inf)
+    nxt = np.empty(trace.n_events)
+    nxt[order] = nxt_sorted
+    return nxt
+
+
+class _Progress:
+    def __init__(self, total: float, quiet: bool) -> None:
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+            self.bar = tqdm(total=round(total), unit="trace-s", unit_scale=True, file=sys.stderr,
+                            desc="replay", mininterval=0.5, leave=True)
+        self.done = 0
+
+    def update(self, done: float, decisions: int) -> None:
+        if self.bar is not None and done - self.done >= 1:
+            self.bar.update(round(done) - round(self.done))
+            self.done = done
+            self.bar.set_postfix(decisions=decisions, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOptions) -> ReplayResult:
+    wall0 = time.perf_counter()
+    core = opts.core
+    specs, truths, works, arrivals = {}, {}, {}, []
+    for w in workload:
+        t = w.submit if w.submit_is_absolute else trace.start_s + w.submit
+        spec = JobSpec(w.name, w.min_nodes, w.max_nodes, w.rescale_up_s, w.rescale_down_s,
+                       w.profile, max(t, trace.start_s), w.name)
+        specs[w.name], truths[w.name], works[w.name] = spec, w.truth, w.work
+        if t < trace.end_s:
+            arrivals.append(spec)
+    arrivals.sort(key=lambda s: (s.submit_s, s.job_id))
+    sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise)
+    source = CurveSource(core, truths)
+    order = node_order(trace)
+    windows = _window_ends(trace, order)
+    times, idxs, busy = trace.times, trace.node_idx, trace.busy
+    names = trace.nodes
+    n_ev, ev = len(times), 0
+    a_i = 0
+    waiting: list[JobSpec] = []
+    decision_ms: list[float] = []
+    timeline: list[tuple] = []
+    progress: dict[str, list[tuple[float, float]]] = {}
+    plan: Plan | None = None
+    memo = CycleMemo()
+    reused = 0
+    notes: list[str] = []
+    interval = opts.interval_s
+    next_tick = trace.start_s
+    row_every = max(interval, (trace.end_s - trace.start_s) / 20000.0)
+    next_row = trace.start_s
+    bar = _Progress(trace.end_s - trace.start_s, opts.quiet)
+    t = trace.start_s
+    try:
+        while True:
+            active = bool(sim.jobs) or bool(waiting)
+            if not active and a_i >= len(arrivals):
+                break  # nothing left to schedule; idle_node_s is computed from the trace
+            t_ev = times[ev] if ev < n_ev else math.inf
+            t_arr = arrivals[a_i].submit_s if a_i < len(arrivals) else math.inf
+            t_tick = next_tick if active else math.inf
+            t_next = min(t_ev, t_arr, sim.next_completion(), t_tick)
+            if t_next >= trace.end_s:
+                sim.advance(trace.end_s)
+                break
+            if not active and t_next > t:   # fast-forward the primary workload
+                while ev < n_ev and times[ev] < t_arr:
+                    sim.set_node(names[idxs[ev]], bool(busy[ev]), windows[ev])
+                    ev += 1
+                next_tick = t_arr
+                sim.advance(t_arr)
+                t = t_arr
+                continue
+            sim.advance(t_next)
+            t = t_next
+            sim.complete_due()
+            hit: dict[str, int] = {}
+            while ev < n_ev and times[ev] == t:
+                jid = sim.set_node(names[idxs[ev]], bool(busy[ev]), windows[ev] if not busy[ev] else None)
+                if jid is not None:
+                    hit[jid] = hit.get(jid, 0) + 1
+                ev += 1
+            if hit:
+                sim.settle_preemptions(hit)
+                if opts.check_invariants:
+                    sim.check()
+            while a_i < len(arrivals) and arrivals[a_i].submit_s <= t:
+                waiting.append(arrivals[a_i])
+                a_i += 1
+            while waiting and (opts.max_jobs is None or len(sim.jobs) < opts.max_jobs):
+                spec = waiting.pop(0)
+                sim.admit(spec, truths[spec.job_id], works[spec.job_id])
+            if t >= next_tick:
+                sim.report_samples()
+                next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval
+            if sim.jobs:
+                res = run_cycle(sim, source, core, plan, memo)
+                plan = res.plan
+                if res.reused:
+                    reused += 1
+                else:
+                    decision_ms.append(res.decision_ms)
+                    notes.extend(res.plan.notes)
+                if opts.check_invariants:
+                    sim.check()
+            if t >= next_row:
+                _record(sim, t, timeline, progress)
+                next_row = t + row_every
+            bar.update(t - trace.start_s, len(decision_ms))
+        _record(sim, sim.now, timeline, progress)
+    finally:
+        bar.close()
+    result = _result(trace, order, sim, source, opts, decision_ms, timeline, progress, specs, works,
+                     time.perf_counter() - wall0)
+    result.summary["decisions_reused"] = reused
+    result.summary["solver_notes"] = len(notes)          # timeouts, fallbacks, kept plans
+    result.summary["solver_notes_first"] = notes[:5]
+    return result
+
+
+def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
+    alloc = sum(len(j.nodes) for j in sim.jobs.values())
+    running = sum(1 for j in sim.jobs.values() if j.nodes)
+    thr = sum(j.rate for j in sim.jobs.values() if j.nodes and j.paused_until <= t)
+    timeline.append((t, len(sim.pool), alloc, running, thr))
+    for jid, j in list(sim.jobs.items()) + list(sim.done_jobs.items()):
+        series = progress.setdefault(jid, [])
+        frac = j.done / j.work
+        if not series or series[-1][1] != frac:
+            series.append((t, frac))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1); 0 for no data."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _result(trace, order, sim, source, opts, decision_ms, timeline, progress, specs, works, wall_s):
+    c = sim.counters
+    idle = idle_node_seconds(trace, order)
+    jobs = []
+    for jid in specs:
+        j = sim.done_jobs.get(jid) or sim.jobs.get(jid)
+        jobs.append({"job": jid, "done": j.done if j else 0.0, "work": works[jid],
+                     "completed_at_s": (j.completed_at - trace.start_s) if j and j.completed_at else None,
+                     "preemptions": j.preemptions if j else 0, "rescales": j.rescales if j else 0})
+    useful = sum(x["done"] for x in jobs)
+    summary = {
+        "policy": opts.core.policy,
+        "trace_span_s": trace.end_s - trace.start_s,
+        "nodes": len(trace.nodes),
+        "events": trace.n_events,
+        "idle_node_s": idle,
+        "allocated_node_s": c.allocated_node_s,
+        "harvested_fraction": c.allocated_node_s / idle if idle > 0 else 0.0,
+        "useful_samples": useful,
+        "lost_samples": c.lost_samples,
+        "rescale_pause_samples": c.pause_samples,
+        "jobs": len(specs),
+        "jobs_completed": len(sim.done_jobs),
+        "rescales": c.rescales,
+        "starts": c.starts,
+        "stops": c.stops,
+        "preemptions": c.preemptions,
+        "decisions": len(decision_ms),   # decide() runs; unchanged cycles: decisions_reused
+        "decision_ms_p50": percentile(decision_ms, 0.50),
+        "decision_ms_p95": percentile(decision_ms, 0.95),
+        "decision_ms_mean": statistics.fmean(decision_ms) if decision_ms else 0.0,
+        "jpa_rejected_samples": source.advisor.rejected,
+        "interval_s": opts.interval_s,
+        "horizon_s": opts.core.horizon_s,
+        "seed": opts.seed,
+        "noise": opts.noise,
+        "max_jobs": opts.max_jobs,
+        "wall_s": wall_s,
+    }
+    return ReplayResult(summary, timeline, progress, jobs)
+
+
+def write_outputs(result: ReplayResult, out_dir: str, plots: bool = True) -> None:
+    """Write everything to a temp dir beside ``out_dir``, then move it in."""
+    parent = os.path.dirname(os.path.abspath(out_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".replay-", dir=parent)
+    try:
+        with open(os.path.join(tmp, "summary.json"), "w") as fh:
+            json.dump(result.summary, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        with open(os.path.join(tmp, "timeline.csv"), "w") as fh:
+            fh.write("time_s,idle_nodes,allocated_nodes,running_jobs,throughput_samples_per_s\n")
+            t0 = result.timeline[0][0] if result.timeline else 0.0
+            for t, idle, alloc, run, thr in result.timeline:
+                fh.write(f"{t - t0:.1f},{idle},{alloc},{run},{thr:.3f}\n")
+        with open(os.path.join(tmp, "jobs.csv"), "w") as fh:
+            fh.write("job,done_samples,work_samples,completed_at_s,preemptions,rescales\n")
+            for j in result.jobs:
+                done_at = "" if j["completed_at_s"] is None else f"{j['completed_at_s']:.1f}"
+                fh.write(f"{j['job']},{j['done']:.1f},{j['work']:.1f},{done_at},"
+                         f"{j['preemptions']},{j['rescales']}\n")
+        if plots:
+            from malletrain.replay.plots import plot_nodes, plot_progress
+            plot_nodes(result, os.path.join(tmp, "nodes.png"))
+            plot_progress(result, os.path.join(tmp, "progress.png"))
+        if os.path.isdir(out_dir):
+            for name in os.listdir(tmp):
+                os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+            os.rmdir(tmp)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,212 @@
+"""The simulated backend: a cluster driven by a trace, jobs by ground truth.
+
+Semantics (issue #2 / DESIGN.md):
+* progress uses each job's true throughput at its node count; a job makes no
+  progress while paused;
+* starting or growing pauses a job for ``rescale_up_s``, shrinking for
+  ``rescale_down_s``;
+* a node taken back by the primary scheduler shrinks its job at once, or
+  stops it if it falls below ``min_nodes`` — a preemption; the job's pause
+  (``rescale_down_s`` at its old rate) is counted as lost work;
+* a job completes when its ``work`` is done.
+The replay driver moves the clock; ``observe``/``apply`` are the backend
+protocol the shared cycle uses.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from malletrain.jpa.advisor import Sample
+from malletrain.domain.model import Action, ActionKind, JobSpec, JobState, Node, Snapshot
+from malletrain.core.backend import Observation
+
+
+@dataclass
+class SimJob:
+    spec: JobSpec
+    truth: Callable[[int], float]
+    work: float
+    done: float = 0.0
+    nodes: list[str] = field(default_factory=list)
+    paused_until: float = 0.0
+    last_change: float | None = None
+    rate: float = 0.0
+    completed_at: float | None = None
+    preemptions: int = 0
+    rescales: int = 0
+
+
+@dataclass
+class Counters:
+    allocated_node_s: float = 0.0
+    lost_samples: float = 0.0
+    pause_samples: float = 0.0
+    rescales: int = 0
+    starts: int = 0
+    stops: int = 0
+    preemptions: int = 0
+
+
+class SimCluster:
+    """State of the simulated cluster; implements the backend protocol."""
+
+    def __init__(self, node_names: Sequence[str], initial_busy: Sequence[bool],
+                 now_s: float, *, seed: int = 0, noise: float = 0.0) -> None:
+        self.now = now_s
+        self.busy = {n: bool(b) for n, b in zip(node_names, initial_busy)}
+        self.pool: dict[str, Node] = {n: Node(n) for n, b in self.busy.items() if not b}
+        self.holder: dict[str, str] = {}
+        self.jobs: dict[str, SimJob] = {}       # admitted, not completed (FIFO order)
+        self.done_jobs: dict[str, SimJob] = {}
+        self.counters = Counters()
+        self.rng = random.Random(seed)
+        self.noise = noise
+        self._samples: list[Sample] = []
+        self._finished: list[str] = []
+        self._profiles: dict[str, str] = {}
+        self.generation = 0   # bumped by every change decide() could see
+
+    # -- clock -----------------------------------------------------------
+    def advance(self, t: float) -> None:
+        """Run every job forward from ``self.now`` to ``t``."""
+        dt = t - self.now
+        if dt < 0:
+            raise ValueError(f"time went backwards: {t} < {self.now}")
+        for job in self.jobs.values():
+            if job.nodes:
+                self.counters.allocated_node_s += len(job.nodes) * dt
+                run = t - max(self.now, job.paused_until)
+                if run > 0:
+                    job.done = min(job.work, job.done + job.rate * run)
+        self.now = t
+
+    def next_completion(self) -> float:
+        best = math.inf
+        for job in self.jobs.values():
+            if job.nodes and job.rate > 0:
+                t = max(self.now, job.paused_until) + (job.work - job.done) / job.rate
+                best = min(best, t)
+        return best
+
+    def complete_due(self) -> list[str]:
+        out = []
+        for jid, job in list(self.jobs.items()):
+            # Within 1 ms of work counts as done: epoch-sized clocks cannot
+            # resolve smaller steps, and the loop would not advance.
+            if job.work - job.done <= max(1e-9 * job.work, job.rate * 1e-3):
+                job.completed_at = self.now
+                self.generation += 1
+                self._release(job)
+                self.done_jobs[jid] = self.jobs.pop(jid)
+                self._finished.append(jid)
+                out.append(jid)
+        return out
+
+    # -- primary workload ------------------------------------------------
+    def set_node(self, name: str, busy: bool, window_end_s: float | None = None) -> str | None:
+        """Apply one trace event; returns the job id it preempted, if any."""
+        self.generation += 1
+        self.busy[name] = busy
+        if not busy:
+            self.pool[name] = Node(name, window_end_s=window_end_s)
+            return None
+        self.pool.pop(name, None)
+        jid = self.holder.pop(name, None)
+        if jid is None:
+            return None
+        job = self.jobs[jid]
+        job.nodes.remove(name)
+        return jid
+
+    def settle_preemptions(self, hit: dict[str, int]) -> None:
+        """Shrink or stop each job that lost ``hit[job]`` nodes at this instant."""
+        self.generation += 1
+        for jid, lost in hit.items():
+            job = self.jobs[jid]
+            old_rate = job.truth(len(job.nodes) + lost)
+            self.counters.preemptions += 1
+            job.preemptions += 1
+            self.counters.lost_samples += job.spec.rescale_down_s * old_rate
+            if len(job.nodes) >= job.spec.min_nodes:
+                job.paused_until = max(job.paused_until, self.now + job.spec.rescale_down_s)
+            else:
+                self._release(job)
+            job.rate = job.truth(len(job.nodes))
+            job.last_change = self.now
+
+    # -- jobs ---------------------------------------------------------------
+    def admit(self, spec: JobSpec, truth: Callable[[int], float], work: float) -> None:
+        self.generation += 1
+        self.jobs[spec.job_id] = SimJob(spec, truth, work)
+        self._profiles[spec.job_id] = spec.profile
+
+    def report_samples(self) -> None:
+        """Every running, unpaused job reports its current throughput."""
+        for jid, job in self.jobs.items():
+            if job.nodes and job.paused_until <= self.now and job.rate > 0:
+                x = job.rate * (1.0 + self.noise * self.rng.gauss(0.0, 1.0)) if self.noise else job.rate
+                self._samples.append(Sample(jid, len(job.nodes), max(x, 1e-9), self.now))
+
+    def _release(self, job: SimJob) -> None:
+        """Give back every node the job holds."""
+        for name in job.nodes:
+            self.holder.pop(name, None)
+        job.nodes.clear()
+
+    def check(self) -> None:
+        """Raise AssertionError unless the holder map and job node lists agree."""
+        seen = {}
+        for jid, job in self.jobs.items():
+            for n in job.nodes:
+                assert n not in seen, f"{n} held by {seen[n]} and {jid}"
+                seen[n] = jid
+                assert n in self.pool and not self.busy[n], f"{jid} holds busy node {n}"
+                assert job.spec.min_nodes <= len(job.nodes) <= job.spec.max_nodes, jid
+        assert seen == self.holder, "holder map out of sync with job node lists"
+
+    # -- backend protocol ---------------------------------------------------
+    def observe(self) -> Observation:
+        jobs = tuple(JobState(j.spec, tuple(j.nodes), "gpu" if j.nodes else None,
+                              j.paused_until, j.last_change) for j in self.jobs.values())
+        obs = Observation(Snapshot(self.now, tuple(self.pool.values()), jobs),
+                          tuple(self._samples), tuple(self._finished), dict(self._profiles),
+                          self.generation)
+        self._samples, self._finished, self._profiles = [], [], {}
+        return obs
+
+    def apply(self, actions: Sequence[Action]) -> None:
+        """Release every node the plan takes away, then hand out new ones."""
+        if actions:
+            self.generation += 1
+        for a in actions:
+            for n in self.jobs[a.job_id].nodes:
+                if n not in a.to_nodes and self.holder.get(n) == a.job_id:
+                    del self.holder[n]
+        for a in actions:
+            job = self.jobs[a.job_id]
+            old = len(job.nodes)
+            for n in a.to_nodes:
+                owner = self.holder.get(n)
+                if n not in self.pool:
+                    raise ValueError(f"apply: node {n} for {a.job_id} is busy (primary job)")
+                if owner not in (None, a.job_id):
+                    raise ValueError(f"apply: node {n} for {a.job_id} is still held by {owner}")
+                self.holder[n] = a.job_id
+            old_rate = job.rate
+            job.nodes = list(a.to_nodes)
+            job.rate = job.truth(len(job.nodes))
+            job.last_change = self.now
+            if a.kind == ActionKind.STOP:
+                self.counters.stops += 1
+                continue
+            pause = job.spec.rescale_up_s if len(job.nodes) > old else job.spec.rescale_down_s
+            if a.kind == ActionKind.START:
+                self.counters.starts += 1
+            else:
+                self.counters.rescales += 1
+                job.rescales += 1
+            self.counters.pause_samples += pause * old_rate
+            job.paused_until = max(job.paused_until, self.now + pause)

@@ -1,0 +1,333 @@
+"""Primary-workload traces → node-level busy/idle event streams.
+
+Three formats (DESIGN.md): the node-event CSV(.gz), SWF job logs, and Slurm
+accounting exports (``sacct --parsable2 --format JobID,Start,End,NodeList,State``).
+All become a :class:`NodeTrace`: node names in trace order, each node's state
+at ``start_s``, and the later changes as NumPy arrays sorted by time.
+Malformed input raises :class:`InputError` naming the file, line and field.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import re
+from dataclasses import dataclass
+
+import hostlist
+import numpy as np
+
+from malletrain.domain.errors import InputError
+from malletrain.domain.timeutil import parse_time
+
+FORMATS = ("auto", "events", "swf", "sacct")
+
+
+@dataclass
+class NodeTrace:
+    nodes: list[str]
+    start_s: float
+    end_s: float
+    initial_busy: np.ndarray   # bool per node
+    times: np.ndarray          # float64, non-decreasing
+    node_idx: np.ndarray       # int32
+    busy: np.ndarray           # bool: new state is busy
+    skipped_jobs: int = 0      # SWF/sacct jobs without usable times or nodes
+
+    @property
+    def n_events(self) -> int:
+        return len(self.times)
+
+
+def _open_text(path: str) -> io.TextIOBase:
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+        if magic == b"\x1f\x8b":
+            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+        return open(path, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read trace: {exc.strerror}", path=path) from exc
+
+
+def detect_format(path: str) -> str:
+    with _open_text(path) as fh:
+        try:
+            first = ""
+            for line in fh:
+                if line.strip():
+                    first = line.strip()
+                    break
+        except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, OSError) as exc:
+            raise InputError(f"unreadable trace ({exc})", path=path) from exc
+    if first.replace(" ", "").lower().startswith("time,node,state"):
+        return "events"
+    if first.startswith("JobID|"):
+        return "sacct"
+    if first.startswith(";") or len(first.split()) == 18:
+        return "swf"
+    raise InputError("unknown trace format: expected a 'time,node,state' header, an SWF log "
+                     "or a sacct --parsable2 export (header starting 'JobID|')", path=path, line=1)
+
+
+def load_trace(path: str, fmt: str = "auto", *, procs_per_node: int = 1,
+               nodes: int | None = None, start: float | None = None,
+               end: float | None = None) -> NodeTrace:
+    if fmt not in FORMATS:
+        raise InputError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "events":
+        trace = _load_events(path)
+    elif fmt == "swf":
+        trace = _load_swf(path, procs_per_node, nodes)
+    else:
+        trace = _load_sacct(path)
+    return restrict(trace, nodes=nodes, start=start, end=end, path=path)
+
+
+def restrict(trace: NodeTrace, *, nodes: int | None = None, start: float | None = None,
+             end: float | None = None, path: str = "trace") -> NodeTrace:
+    """Keep the first ``nodes`` nodes and the window [start, end)."""
+    names, init = trace.nodes, trace.initial_busy.copy()
+    t, idx, busy = trace.times, trace.node_idx, trace.busy
+    if nodes is not None:
+        if nodes <= 0:
+            raise InputError(f"--nodes must be positive, got {nodes}")
+        keep = idx < nodes
+        names, init = names[:nodes], init[:nodes]
+        t, idx, busy = t[keep], idx[keep], busy[keep]
+    s0 = trace.start_s if start is None else start
+    s1 = trace.end_s if end is None else end
+    if s1 <= s0:
+        raise InputError(f"empty time window: start {s0:.0f} >= end {s1:.0f}", path=path)
+    if start is not None and start > trace.start_s:
+        before = t < start
+        for i, b in zip(idx[before], busy[before]):  # state at the window start
+            init[i] = b
+        t, idx, busy = t[~before], idx[~before], busy[~before]
+    inside = t < s1
+    return NodeTrace(list(names), s0, s1, init, t[inside], idx[inside], busy[inside],
+                     trace.skipped_jobs)
+
+
+# -- node-event CSV -------------------------------------------------------
+def _load_events(path: str) -> NodeTrace:
+    names: dict[str, int] = {}
+    init: list[bool] = []
+    times: list[float] = []
+    idxs: list[int] = []
+    states: list[bool] = []
+    t0 = None
+    last = -math.inf
+    time_cache: dict[str, float] = {}
+    with _open_text(path) as fh:
+        header = fh.readline().strip().replace(" ", "").lower()
+        if header != "time,node,state":
+            raise InputError(f"header must be 'time,node,state', got {header!r}", path=path, line=1)
+        for lineno, line in enumerate(fh, start=2):
+            if not line.strip():
+                continue
+            parts = line.rstrip("\n\r").split(",")
+            if len(parts) != 3:
+                raise InputError(f"expected 3 comma-separated fields, got {len(parts)}",
+                                 path=path, line=lineno)
+            ts, node, state = parts[0].strip(), parts[1].strip(), parts[2].strip().lower()
+            t = time_cache.get(ts)
+            if t is None:
+                try:
+                    t = parse_time(ts)
+                except ValueError:
+                    raise InputError(f"unparseable time {ts!r}", path=path, line=lineno,
+                                     field="time") from None
+                time_cache[ts] = t
+            if t < last:
+                raise InputError(f"rows are not sorted by time ({ts} comes after a later row)",
+                                 path=path, line=lineno, field="time")
+            last = t
+            if not node:
+                raise InputError("empty node name", path=path, line=lineno, field="node")
+            if state not in ("idle", "busy"):
+                raise InputError(f"state must be 'idle' or 'busy', got {state!r}",
+                                 path=path, line=lineno, field="state")
+            if t0 is None:
+                t0 = t
+            i = names.get(node)
+            if t == t0:
+                if i is None:
+                    names[node] = len(init)
+                    init.append(state == "busy")
+                else:
+                    init[i] = state == "busy"
+                continue
+            if i is None:
+                raise InputError(f"node {node!r} first appears after the initial timestamp; the "
+                                 "rows at the first timestamp must list every node",
+                                 path=path, line=lineno, field="node")
+            times.append(t)
+            idxs.append(i)
+            states.append(state == "busy")
+            if len(time_cache) > 100_000:
+                time_cache.clear()
+    if t0 is None:
+        raise InputError("no rows after the header", path=path)
+    end = times[-1] + 1.0 if times else t0 + 1.0
+    return NodeTrace(list(names), t0, end, np.array(init, dtype=bool), np.array(times, dtype=float),
+                     np.array(idxs, dtype=np.int32), np.array(states, dtype=bool))
+
+
+# -- SWF --------------------------------------------------------------------
+def _load_swf(path: str, ppn: int, nodes_opt: int | None) -> NodeTrace:
+    if ppn <= 0:
+        raise InputError(f"--procs-per-node must be positive, got {ppn}")
+    starts, ends, sizes = [], [], []
+    header_nodes = None
+    skipped = 0
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            s = line.strip()
+            if not s:
+                continue
+            if s.startswith(";"):
+                m = re.match(r";\s*Max(Nodes|Procs)\s*:\s*(\d+)", s)
+                if m:
+                    n = int(m.group(2))
+                    header_nodes = n if m.group(1) == "Nodes" else header_nodes or -(-n // ppn)
+                continue
+            f = s.split()
+            if len(f) != 18:
+                raise InputError(f"SWF lines have 18 fields, this one has {len(f)}", path=path, line=lineno)
+            try:
+                submit, wait, run = float(f[1]), float(f[2]), float(f[3])
+                procs = int(float(f[4]))
+                if procs <= 0:
+                    procs = int(float(f[7]))
+            except ValueError:
+                raise InputError("non-numeric field", path=path, line=lineno) from None
+            if submit < 0 or wait < 0 or run <= 0 or procs <= 0:
+                skipped += 1
+                continue
+            starts.append(submit + wait)
+            ends.append(submit + wait + run)
+            sizes.append(-(-procs // ppn))
+    if not starts:
+        raise InputError("no usable jobs (need submit, wait, run time and processors)", path=path)
+    return _assign_first_fit(np.array(starts), np.array(ends), np.array(sizes),
+                             header_nodes, skipped, prefix="n")
+
+
+def _assign_first_fit(starts, ends, sizes, cluster: int | None, skipped: int,
+                      prefix: str) -> NodeTrace:
+    """Give each job concrete nodes, lowest free index first, in time order."""
+    order_ev = np.concatenate([ends, starts])
+    kind = np.concatenate([np.zeros(len(ends), dtype=np.int8), np.ones(len(starts), dtype=np.int8)])
+    job = np.concatenate([np.arange(len(ends)), np.arange(len(starts))])
+    o = np.lexsort((kind, order_ev))          # by time, ends before starts
+    deltas = np.where(kind[o] == 1, sizes[job[o]], -sizes[job[o]])
+    peak = int(np.max(np.cumsum(deltas)))
+    n = max(cluster or 0, peak)
+    free = np.ones(n, dtype=bool)
+    held: dict[int, np.ndarray] = {}
+    t_out, i_out, b_out = [], [], []
+    for k in o:
+        j = job[k]
+        if kind[k] == 0:
+            got = held.pop(j, None)
+            if got is None:
+                continue
+            free[got] = True
+            t_out.append(np.full(len(got), ends[j]))
+            i_out.append(got)
+            b_out.append(np.zeros(len(got), dtype=bool))
+        else:
+            got = np.flatnonzero(free)[:sizes[j]].astype(np.int32)
+            free[got] = False
+            held[j] = got
+            t_out.append(np.full(len(got), starts[j]))
+            i_out.append(got)
+            b_out.append(np.ones(len(got), dtype=bool))
+    times = np.concatenate(t_out)
+    width = len(str(n))
+    names = [f"{prefix}{i:0{width}d}" for i in range(n)]
+    return NodeTrace(names, float(times.min()), float(times.max()) + 1.0, np.zeros(n, dtype=bool),
+                     times, np.concatenate(i_out).astype(np.int32), np.concatenate(b_out), skipped)
+
+
+# -- sacct export ----------------------------------------------------------
+SACCT_FIELDS = ("JobID", "Start", "End", "NodeList", "State")
+
+
+def _load_sacct(path: str) -> NodeTrace:
+    intervals: list[tuple[float, float, list[str]]] = []
+    skipped = 0
+    with _open_text(path) as fh:
+        header = fh.readline().strip().split("|")
+        missing = [k for k in SACCT_FIELDS if k not in header]
+        if missing:
+            raise InputError(f"sacct header lacks {', '.join(missing)} (need "
+                             f"--format {','.join(SACCT_FIELDS)} --parsable2)", path=path, line=1)
+        col = {k: header.index(k) for k in SACCT_FIELDS}
+        rows = []
+        for lineno, line in enumerate(fh, start=2):
+            if not line.strip():
+                continue
+            f = line.rstrip("\n\r").split("|")
+            if len(f) < len(header):
+                raise InputError(f"expected {len(header)} '|'-separated fields, got {len(f)}",
+                                 path=path, line=lineno)
+            if "." in f[col["JobID"]]:
+                continue  # a job step; allocations only
+            rows.append((lineno, f))
+    t_max = -math.inf
+    for lineno, f in rows:
+        for key in ("Start", "End"):
+            v = f[col[key]].strip()
+            if v not in ("Unknown", "None", ""):
+                try:
+                    t_max = max(t_max, parse_time(v))
+                except ValueError:
+                    raise InputError(f"unparseable time {v!r}", path=path, line=lineno,
+                                     field=key) from None
+    for lineno, f in rows:
+        s, e, nl = f[col["Start"]].strip(), f[col["End"]].strip(), f[col["NodeList"]].strip()
+        if s in ("Unknown", "None", "") or nl in ("", "None", "None assigned", "(null)"):
+            skipped += 1
+            continue
+        t0 = parse_time(s)
+        t1 = t_max if e in ("Unknown", "None", "") else parse_time(e)  # still running
+        if t1 <= t0:
+            skipped += 1
+            continue
+        try:
+            names = hostlist.expand_hostlist(nl)
+        except hostlist.BadHostlist as exc:
+            raise InputError(f"bad hostlist {nl!r}: {exc}", path=path, line=lineno,
+                             field="NodeList") from None
+        intervals.append((t0, t1, names))
+    if not intervals:
+        raise InputError("no job with a start time and a node list", path=path)
+    index: dict[str, int] = {}
+    per_node: dict[int, list[tuple[float, float]]] = {}
+    for t0, t1, names in sorted(intervals, key=lambda x: x[0]):
+        for nm in names:
+            i = index.setdefault(nm, len(index))
+            per_node.setdefault(i, []).append((t0, t1))
+    start = min(iv[0] for iv in intervals)
+    init = np.zeros(len(index), dtype=bool)
+    t_out, i_out, b_out = [], [], []
+    for i, ivs in per_node.items():
+        merged: list[list[float]] = []
+        for a, b in sorted(ivs):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        for a, b in merged:
+            if a <= start:
+                init[i] = True
+            else:
+                t_out.append(a); i_out.append(i); b_out.append(True)
+            t_out.append(b); i_out.append(i); b_out.append(False)
+    t = np.array(t_out)
+    o = np.lexsort((np.array(b_out), t))   # idle before busy at one instant
+    return NodeTrace(list(index), start, float(t.max()) + 1.0, init, t[o],
+                     np.array(i_out, dtype=np.int32)[o], np.array(b_out, dtype=bool)[o], skipped)

@@ -1,0 +1,166 @@
+"""The malleable workload file (YAML), validated with file/line/field errors.
+
+```yaml
+jobs:
+  - name: bert-0          # unique
+    submit: 0             # seconds from trace start, or ISO-8601
+    min_nodes: 1
+    max_nodes: 16
+    work: 2.0e6           # samples to finish
+    rescale_up_s: 30
+    rescale_down_s: 10
+    profile: bert         # jobs with one key scale alike
+    throughput: {1: 110.0, 2: 205.0, 4: 380.0, 8: 610.0, 16: 800.0}
+```
+``throughput`` is the ground truth for the replay oracle (linear
+interpolation between listed counts, proportional below the smallest, flat
+above the largest).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from malletrain.domain.errors import InputError, yaml_problem
+from malletrain.domain.model import interpolate
+from malletrain.domain.timeutil import parse_time
+
+JOB_KEYS = ("name", "submit", "min_nodes", "max_nodes", "work", "rescale_up_s",
+            "rescale_down_s", "profile", "throughput")
+REQUIRED = ("name", "submit", "min_nodes", "max_nodes", "work", "throughput")
+
+
+@dataclass(frozen=True)
+class TrueCurve:
+    """Ground-truth throughput, piecewise linear in the node count."""
+
+    counts: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __call__(self, n: float) -> float:
+        return interpolate(self.counts, self.values, n)
+
+
+@dataclass(frozen=True)
+class WorkloadJob:
+    name: str
+    submit: float          # seconds from trace start, or absolute epoch if absolute
+    submit_is_absolute: bool
+    min_nodes: int
+    max_nodes: int
+    work: float
+    rescale_up_s: float
+    rescale_down_s: float
+    profile: str
+    truth: TrueCurve
+    line: int
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict:
+    mapping = _LineDict(loader.construct_mapping(node, deep=True))
+    mapping.line = node.start_mark.line + 1
+    mapping.key_lines = {loader.construct_object(k, deep=True): k.start_mark.line + 1
+                         for k, _ in node.value}
+    return mapping
+
+
+class _LineDict(dict):
+    line = 0
+    key_lines: dict = {}
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_workload(path: str) -> list[WorkloadJob]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.load(fh, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except OSError as exc:
+        raise InputError(f"cannot read workload: {exc.strerror}", path=path) from exc
+    except yaml.YAMLError as exc:
+        message, line = yaml_problem(exc)
+        raise InputError(message, path=path, line=line) from exc
+    if not isinstance(doc, dict) or set(doc) != {"jobs"}:
+        keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+        raise InputError(f"expected a mapping with exactly the key 'jobs', got {keys}", path=path)
+    if not isinstance(doc["jobs"], list) or not doc["jobs"]:
+        raise InputError("'jobs' must be a non-empty list", path=path,
+                         line=doc.key_lines.get("jobs"), field="jobs")
+    jobs, names = [], set()
+    for entry in doc["jobs"]:
+        job = _parse_job(entry, path)
+        if job.name in names:
+            raise InputError(f"duplicate job name {job.name!r}", path=path, line=job.line, field="name")
+        names.add(job.name)
+        jobs.append(job)
+    return jobs
+
+
+def _parse_job(entry: Any, path: str) -> WorkloadJob:
+    if not isinstance(entry, dict):
+        raise InputError(f"each job must be a mapping, got {entry!r}", path=path)
+    line = getattr(entry, "line", None)
+    kl = getattr(entry, "key_lines", {})
+    unknown = sorted(set(map(str, entry)) - set(JOB_KEYS))
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(JOB_KEYS)}",
+                         path=path, line=kl.get(unknown[0], line), field=unknown[0])
+    for key in REQUIRED:
+        if key not in entry:
+            raise InputError("missing", path=path, line=line, field=key)
+
+    def err(key: str, msg: str) -> InputError:
+        return InputError(msg, path=path, line=kl.get(key, line), field=key)
+
+    def number(key: str, default: float | None = None, integer: bool = False, minimum: float = 0.0,
+               strict: bool = False):
+        v = entry.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise err(key, f"expected a number, got {v!r}")
+        if integer and not float(v).is_integer():
+            raise err(key, f"expected an integer, got {v!r}")
+        if v < minimum or (strict and v == minimum):
+            raise err(key, f"must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
+        return int(v) if integer else float(v)
+
+    name = entry["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise err("name", f"expected a non-empty string, got {name!r}")
+    submit_raw = entry["submit"]
+    if isinstance(submit_raw, str):
+        try:
+            submit, absolute = parse_time(submit_raw), True
+        except ValueError as exc:
+            raise err("submit", f"not ISO-8601 or seconds: {submit_raw!r}") from exc
+    else:
+        submit, absolute = number("submit"), False
+    min_nodes = number("min_nodes", integer=True, minimum=1)
+    max_nodes = number("max_nodes", integer=True, minimum=1)
+    if min_nodes > max_nodes:
+        raise err("min_nodes", f"min_nodes={min_nodes} > max_nodes={max_nodes}")
+    work = number("work", strict=True)
+    profile = entry.get("profile", "")
+    if not isinstance(profile, str):
+        raise err("profile", f"expected a string, got {profile!r}")
+    thr = entry["throughput"]
+    if not isinstance(thr, dict) or not thr:
+        raise err("throughput", "expected a non-empty mapping {node_count: samples_per_s}")
+    pts = []
+    for k, v in thr.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise err("throughput", f"node count {k!r} is not a positive integer")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise err("throughput", f"throughput at {k} nodes must be a positive number, got {v!r}")
+        pts.append((k, float(v)))
+    pts.sort()
+    return WorkloadJob(name.strip(), submit, absolute, min_nodes, max_nodes, work,
+                       number("rescale_up_s", 0.0), number("rescale_down_s", 0.0), profile,
+                       TrueCurve(tuple(p[0] for p in pts), tuple(p[1] for p in pts)), line or 0)

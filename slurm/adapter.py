@@ -1,0 +1,311 @@
+"""The Slurm CLI backend: the backend protocol on a real Slurm cluster.
+
+``observe`` costs at most three read commands in a steady cycle: one
+``squeue`` (all jobs), one ``sinfo`` (the harvest partition's nodes) and,
+every ``reservations_every`` cycles, one ``scontrol show reservation``.
+
+``apply`` rescales jobs while keeping their ids (DESIGN.md, SLURM-NOTES.md):
+``requeuehold`` every job that stops, grows or shrinks → wait until they have
+left COMPLETING (one ``squeue -j`` per poll) → ``scontrol update NumNodes=k-k
+ReqNodeList=… StartTime=now`` → ``scontrol release``.  A job that fails a
+step is logged and left held; the next cycle decides again from what Slurm
+says.  The per-job book (launching nodes, last change, pause) is written
+ahead to the store before each step, so a daemon killed mid-cycle neither
+loses nor duplicates anything.
+
+Proactive vacate: a node that a pending primary job is planned on (or a
+reservation starts on) within ``vacate_lead_s`` leaves the harvestable pool,
+so the plan shrinks or stops the malleable job holding it before Slurm has
+to preempt it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+from malletrain.domain.config import DaemonConfig, SlurmConfig
+from malletrain.domain.model import Action, ActionKind, JobSpec, JobState, Node, Snapshot
+from malletrain.daemon.progress import ProgressTail
+from malletrain.core.backend import Observation
+from malletrain.slurm.parse import (SINFO_FORMAT, SQUEUE_FORMAT, JobRecord, NodeRecord, Phase, Reservation, Tag,
+                         collect, is_held, parse_reservations, parse_sinfo, parse_squeue, parse_tag)
+from malletrain.slurm.runner import Runner, SlurmCommandError
+
+log = logging.getLogger("malletrain.slurm")
+
+
+@dataclass(frozen=True)
+class Book:
+    """What the daemon remembers about one job between cycles (persisted)."""
+
+    launching: tuple[str, ...] = ()   # released by us onto these nodes, not started yet
+    launch_t: float = 0.0
+    last_change_s: float | None = None
+    paused_until_s: float = 0.0
+    running: tuple[str, ...] = ()     # nodes it held when last seen running
+
+
+@dataclass
+class Events:
+    """Counters the daemon exports (cumulative)."""
+
+    preemptions: int = 0
+    starts: int = 0
+    stops: int = 0
+    rescales: int = 0
+    vacates: int = 0
+    failed_actions: int = 0
+
+
+class SlurmBackend:
+    def __init__(self, runner: Runner, slurm: SlurmConfig, daemon: DaemonConfig, *,
+                 tail: ProgressTail | None = None, clock: Callable[[], float] = time.time,
+                 save_book: Callable[[str, Book | None], None] | None = None,
+                 books: Mapping[str, Book] | None = None) -> None:
+        self.runner, self.slurm, self.daemon = runner, slurm, daemon
+        self.tail = tail or ProgressTail(max_line_bytes=daemon.max_line_bytes)
+        self.clock = clock
+        self.books: dict[str, Book] = dict(books or {})
+        self._save = save_book or (lambda job, book: None)
+        self.events = Events()
+        self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
+        self.tags: dict[str, Tag] = {}
+        self.idle_nodes = 0
+        self.vacating: set[str] = set()             # nodes due to primary jobs soon
+        self._reservations: list[Reservation] = []
+        self.windows: dict[str, float] = {}
+        self._cycle = 0
+
+    # ------------------------------------------------------------ observe
+    def observe(self) -> Observation:
+        now = self.clock()
+        jobs = self._jobs()
+        nodes = self._nodes()
+        every = self.slurm.reservations_every
+        if every and self._cycle % every == 0:
+            self._reservations = parse_reservations(
+                self.runner.read(["scontrol", "-o", "show", "reservation"]))
+        self._cycle += 1
+
+        malleable, windows = [], {}
+        for r in jobs:
+            tag = parse_tag(r.comment) if r.partition == self.slurm.partition else None
+            if tag is not None:
+                malleable.append((r, tag))
+            elif r.phase is Phase.PENDING and r.start_s and r.sched_nodes:
+                for n in r.sched_nodes:     # a primary job's planned start
+                    windows[n] = min(windows.get(n, r.start_s), r.start_s)
+        for res in self._reservations:
+            if res.end_s > now:
+                for n in res.nodes:
+                    windows[n] = min(windows.get(n, res.start_s), res.start_s)
+
+        # Nodes a primary job is due on within one interval always go back
+        # (reactive); vacate_lead_s > interval gives them back earlier (proactive).
+        lead = max(self.daemon.vacate_lead_s, self.daemon.interval_s)
+        soon = {n for n, t in windows.items() if t <= now + lead}
+        self.windows = windows
+        node_info = {n.name: n for n in nodes}
+        self.idle_nodes = sum(1 for n in nodes if n.harvestable)
+        pool_names = {n.name for n in nodes if n.harvestable} - soon
+
+        states, samples, profiles = [], [], {}
+        live: dict[str, JobRecord] = {}
+        for r, tag in malleable:
+            if r.phase is Phase.FINISHED:
+                continue
+            live[r.job_id] = r
+            self.tags[r.job_id] = tag
+            profiles[r.job_id] = tag.profile or f"job-{r.job_id}"
+            if tag.metrics_dir:
+                samples += self.tail.poll(r.job_id, self._metrics_path(r.job_id, tag))
+            st = self._job_state(r, tag, now, pool_names, soon)
+            if st is not None:
+                states.append(st)
+        finished = tuple(j for j in self.records if j not in live)
+        for job in finished:
+            self._forget(job)
+        self.records = live
+        self.vacating = soon
+
+        pool = tuple(Node(n, node_info[n].node_type if n in node_info else "gpu",
+                          window_end_s=windows.get(n)) for n in sorted(pool_names))
+        states.sort(key=lambda s: (s.spec.submit_s, int(s.job_id) if s.job_id.isdigit() else 0))
+        snap = Snapshot(now, pool, tuple(states))
+        gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
+        return Observation(snap, tuple(samples), finished, profiles, gen)
+
+    @staticmethod
+    def _metrics_path(job: str, tag: Tag) -> str:
+        return os.path.join(tag.metrics_dir, f"{job}.jsonl")
+
+    def _forget(self, job: str) -> None:
+        """Drop what was kept about a job that left the queue."""
+        tag = self.tags.pop(job, None)
+        if tag is not None and tag.metrics_dir:
+            self.tail.forget(self._metrics_path(job, tag))
+        if self.books.pop(job, None) is not None:
+            self._save(job, None)
+
+    def _jobs(self) -> list[JobRecord]:
+        return parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+
+    def _nodes(self) -> list[NodeRecord]:
+        return parse_sinfo(self.runner.read(
+            ["sinfo", "-h", "-N", "-p", self.slurm.partition, "-o", SINFO_FORMAT]))
+
+    def _job_state(self, r: JobRecord, tag: Tag, now: float, pool: set[str],
+                   soon: set[str]) -> JobState | None:
+        book = self.books.get(r.job_id, Book())
+        spec = JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
+                       tag.rescale_down_s, tag.profile, r.submit_s or 0.0, r.name)
+        phase = r.phase
+        nodes: tuple[str, ...] = ()
+        if phase is Phase.RUNNING:
+            nodes = r.nodes
+            if book.launching or book.running != nodes:
+                book = replace(book, launching=(), running=nodes)
+                self._put(r.job_id, book)
+            if soon & set(nodes):
+                due = min(self.windows[n] for n in soon & set(nodes))
+                self.events.vacates += 1
+                log.info("job %s: giving %s back to a primary job planned to start in %.0fs",
+                         r.job_id, collect(sorted(soon & set(nodes))), due - now,
+                         extra={"job": r.job_id, "reason": "primary job planned"})
+        elif phase is Phase.PENDING:
+            taken = book.launching and now - book.launch_t > 5.0 and not set(book.launching) <= pool
+            if book.launching and not taken and now - book.launch_t <= self.daemon.start_timeout_s:
+                nodes = book.launching
+            else:
+                why = ("lost its nodes to another job before it started" if taken else
+                       "did not start within start_timeout_s" if book.launching
+                       else "was requeued by Slurm (preempted)")
+                if not book.launching and book.running:
+                    self.events.preemptions += 1
+                log.warning("job %s %s; holding it until the daemon gives it nodes", r.job_id, why)
+                self._hold(r.job_id)
+                self._put(r.job_id, replace(book, launching=(), running=(), last_change_s=now))
+                return None
+        elif phase is Phase.HELD:
+            if book.launching or book.running:
+                self._put(r.job_id, replace(book, launching=(), running=()))
+        else:   # moving or finished: not part of this decision
+            return None
+        pool.update(nodes)   # a job's own nodes are always part of the pool it is judged on
+        pool.difference_update(soon)
+        return JobState(spec, nodes, None, book.paused_until_s, book.last_change_s)
+
+    def _put(self, job: str, book: Book) -> None:
+        self.books[job] = book
+        self._save(job, book)
+
+    def _hold(self, job: str) -> None:
+        try:
+            self.runner.write(["scontrol", "hold", job])
+        except SlurmCommandError as exc:
+            log.warning("job %s: hold failed: %s", job, exc)
+
+    # ------------------------------------------------------------ apply
+    def apply(self, actions: Sequence[Action]) -> None:
+        now = self.clock()
+        requeued: list[Action] = []
+        relaunch: list[Action] = []
+        for a in actions:
+            if a.kind in (ActionKind.KEEP, ActionKind.WAIT):
+                continue
+            book = self.books.get(a.job_id, Book())
+            log.info("job %s: %s %s -> %s: %s", a.job_id, a.kind.value,
+                     collect(a.from_nodes) if a.from_nodes else "-",
+                     collect(a.to_nodes) if a.to_nodes else "-", a.reason,
+                     extra={"job": a.job_id, "action": a.kind.value, "reason": a.reason})
+            try:
+                if a.kind is ActionKind.START:
+                    relaunch.append(a)
+                elif book.launching and self._hold_launching(a.job_id):
+                    # released but not started: held again, no requeue needed
+                    self._put(a.job_id, replace(book, launching=(), last_change_s=now))
+                    if a.kind is ActionKind.STOP:
+                        self.events.stops += 1
+                    else:
+                        relaunch.append(a)
+                else:
+                    self._put(a.job_id, replace(book, running=(), last_change_s=now))
+                    self.runner.write(["scontrol", "requeuehold", a.job_id])
+                    if a.kind is ActionKind.STOP:
+                        self.events.stops += 1
+                    else:
+                        requeued.append(a)
+            except SlurmCommandError as exc:
+                self.events.failed_actions += 1
+                log.error("job %s: %s failed: %s", a.job_id, a.kind.value, exc)
+        if requeued:
+            ready = self._wait_held(requeued)
+            for a in requeued:
+                if a.job_id in ready:
+                    relaunch.append(a)
+                else:
+                    log.warning("job %s still completing after %.0fs; it stays held for the next cycle",
+                                a.job_id, self.daemon.rescale_wait_s)
+        for a in relaunch:
+            self._launch(a)
+
+    def _hold_launching(self, job: str) -> bool:
+        """Hold a job we released; False when it started meanwhile (requeue it instead)."""
+        self.runner.write(["scontrol", "hold", job])
+        out = self.runner.read(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"])
+        state = (out.strip().split("|") + ["", ""])[1]
+        return state in ("PENDING", "")
+
+    def _launch(self, a: Action) -> None:
+        now = self.clock()
+        book = self.books.get(a.job_id, Book())
+        k = len(a.to_nodes)
+        tag = self.tags.get(a.job_id)
+        pause = 0.0
+        if tag is not None:
+            pause = tag.rescale_up_s if a.kind in (ActionKind.START, ActionKind.GROW) else tag.rescale_down_s
+        self._put(a.job_id, Book(launching=tuple(a.to_nodes), launch_t=now, last_change_s=now,
+                                 paused_until_s=now + pause, running=()))
+        try:
+            self.runner.write(["scontrol", "update", f"jobid={a.job_id}", f"NumNodes={k}-{k}",
+                               f"ReqNodeList={collect(a.to_nodes)}", "StartTime=now"])
+            self.runner.write(["scontrol", "release", a.job_id])
+        except SlurmCommandError as exc:
+            self.events.failed_actions += 1
+            self._put(a.job_id, replace(book, launching=(), running=()))
+            log.error("job %s: %s failed, it stays held: %s", a.job_id, a.kind.value, exc)
+            return
+        if a.kind is ActionKind.START:
+            self.events.starts += 1
+        else:
+            self.events.rescales += 1
+
+    def _wait_held(self, actions: list[Action]) -> set[str]:
+        """Jobs that are back to PENDING held *and* whose old nodes finished completing,
+        seen so on two polls in a row: a batch step that is still exiting when the job
+        is released again would otherwise complete the new run (observed on 22.05)."""
+        jobs = [a.job_id for a in actions]
+        old = {a.job_id: set(a.from_nodes) for a in actions}
+        deadline = time.monotonic() + self.daemon.rescale_wait_s
+        seen_once: set[str] = set()
+        while True:
+            held: set[str] = set()
+            try:
+                out = self.runner.read(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"])
+                for line in out.splitlines():
+                    jid, state, reason = (line.split("|") + ["", ""])[:3]
+                    if state == "PENDING" and is_held(reason):
+                        held.add(jid)
+                if held:
+                    busy = {n.name for n in self._nodes() if "COMPLETING" in n.states}
+                    held = {j for j in held if not (old[j] & busy)}
+            except SlurmCommandError as exc:
+                log.warning("cannot poll requeued jobs: %s", exc)
+            ready = held & seen_once
+            seen_once = held
+            if ready >= set(jobs) or time.monotonic() > deadline:
+                return ready
+            time.sleep(0.5)

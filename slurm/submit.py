@@ -1,0 +1,131 @@
+"""Submitting malleable jobs: the batch script, the sbatch argv, idempotent sbatch.
+
+The batch script is ``templates/malleable.sbatch`` (package data, read with
+:mod:`importlib.resources`, so an installed copy finds it) with its
+``{{fields}}`` filled in.  ``sbatch --parsable`` runs with the job held in the
+harvest partition, ``--requeue``, a preemption signal, appended output and a
+``--comment`` tag carrying the job's spec and a unique token; a retried
+submission first looks the token up, so it never duplicates a job.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from importlib import resources
+from typing import Sequence
+
+from malletrain.domain.errors import InputError
+from malletrain.slurm.parse import Tag, parse_tag
+from malletrain.slurm.runner import Runner, SlurmCommandError
+
+log = logging.getLogger("malletrain.slurm")
+
+TEMPLATE = "malleable.sbatch"     # package data: malletrain/slurm/templates/
+LAUNCHES = ("srun", "batch")
+
+
+def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launch: str,
+                  tasks_per_node: int, template: str | None = None) -> str:
+    """The batch script: ``templates/malleable.sbatch`` with its {{fields}} filled in.
+
+    ``launch=srun`` runs ``tasks_per_node`` copies of COMMAND per node (one per GPU,
+    or one per CPU-only node) in one job step; ``batch`` runs COMMAND once in the
+    batch shell (it launches its own processes, or is single-process).
+    """
+    if launch not in LAUNCHES:
+        raise InputError(f"unknown launch {launch!r}; valid: {', '.join(LAUNCHES)}")
+    if template is None:
+        template = read_template()
+    cmd = shlex.join(command)
+    if launch == "srun":
+        # no --kill-on-bad-exit: one task exiting 3 ("stopped") must not turn its peers'
+        # clean exits into "Terminated" (srun would then return 143, not 3)
+        cmd = f"srun --ntasks-per-node={tasks_per_node} {cmd}"
+    fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": f"{grace_s:g}", "launch": cmd}
+    for key, value in fields.items():
+        template = template.replace("{{" + key + "}}", value)
+    return template
+
+
+def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes: int,
+                     gpus_per_node: int, profile: str, time_limit: str | None,
+                     rescale_up_s: float, rescale_down_s: float, metrics_dir: str,
+                     partition: str, token: str, script_path: str, signal_s: int = 60,
+                     grace_s: float = 30.0, launch: str = "srun",
+                     extra: list[str] | None = None) -> tuple[list[str], str]:
+    """The sbatch argv and the batch script (pure; golden-tested)."""
+    if not command:
+        raise InputError("no command given (put it after --)")
+    if not 1 <= min_nodes <= max_nodes:
+        raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {min_nodes} and {max_nodes}")
+    tag = Tag(token, min_nodes, max_nodes, profile, rescale_up_s, rescale_down_s, metrics_dir)
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
+            f"--nodes={min_nodes}", "--exclusive", "--requeue", "--hold",
+            f"--signal=B:USR2@{signal_s}", "--open-mode=append",
+            f"--output={metrics_dir}/%x-%j.out", f"--comment={tag.encode()}"]
+    if gpus_per_node:
+        argv.append(f"--gres=gpu:{gpus_per_node}")
+    if time_limit:
+        argv.append(f"--time={time_limit}")
+    argv += list(extra or [])
+    argv.append(script_path)
+    script = render_script(command, metrics_dir=metrics_dir, grace_s=grace_s, launch=launch,
+                           tasks_per_node=gpus_per_node or 1)
+    return argv, script
+
+
+def read_template() -> str:
+    """The shipped batch-script template."""
+    try:
+        return resources.files("malletrain.slurm").joinpath("templates", TEMPLATE).read_text("utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read the sbatch template: {exc.strerror}",
+                         path=f"malletrain/slurm/templates/{TEMPLATE}") from None
+
+
+def find_token(runner: Runner, token: str) -> str | None:
+    """The id of the live job whose comment carries ``token``, if any."""
+    out = runner.read(["squeue", "-h", "-a", "-o", "%i|%k"])
+    for line in out.splitlines():
+        jid, _, comment = line.partition("|")
+        tag = parse_tag(comment)
+        if tag is not None and tag.token == token:
+            return jid
+    return None
+
+
+def submit(runner: Runner, argv: Sequence[str], token: str, *, attempts: int = 3) -> str:
+    """``sbatch --parsable`` made idempotent: before every retry, look the token up."""
+    last: SlurmCommandError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            found = find_token(runner, token)
+            if found:
+                log.info("sbatch attempt %d had succeeded: job %s carries token %s", attempt, found, token)
+                return found
+            time.sleep(0.5 * attempt)
+        try:
+            out = runner.write(list(argv))
+            return out.strip().split(";")[0]
+        except SlurmCommandError as exc:
+            last = exc
+            log.warning("sbatch failed (attempt %d): %s", attempt + 1, exc)
+    found = find_token(runner, token)
+    if found:
+        return found
+    assert last is not None
+    raise last
+
+
+def submit_job(runner: Runner, partition: str, command: list[str], *, token: str, metrics_dir: str,
+               **spec) -> str:
+    """Write the batch script and sbatch it (idempotent per token); the job id."""
+    script_path = os.path.join(metrics_dir, f"job-{token}.sbatch")
+    argv, script = build_submission(command, metrics_dir=metrics_dir, partition=partition,
+                                    token=token, script_path=script_path, **spec)
+    with open(script_path, "w", encoding="utf-8") as fh:
+        fh.write(script)
+    os.chmod(script_path, 0o755)
+    return submit(runner, argv, token)
