@@ -12,11 +12,11 @@ run() { local name="$1"; shift; echo "== $name: $*" | tee "$RES/$name.txt"; "$@"
 run allocator-summit malletrain bench allocator --nodes 4734 --jobs 100 --repeat 30
 run allocator-10k    malletrain bench allocator --nodes 10000 --jobs 1000 --repeat 10
 run compare          malletrain bench compare --sizes 10x64,20x128 --repeat 3
-run jpa              malletrain bench jpa --data "$DATA"
-run replay-15d       malletrain bench replay --data "$DATA" --json
-run replay-theta     malletrain bench replay --data "$DATA" --trace "$DATA/traces/theta_2022.swf" --json
+run jpa              python -m devtools bench jpa --data "$DATA"
+run replay-15d       python -m devtools bench replay --data "$DATA" --json
+run replay-theta     python -m devtools bench replay --data "$DATA" --trace "$DATA/traces/theta_2022.swf" --json
 # Quality: two real traces, one workload each, every policy.
-malletrain example --data "$DATA" --out "$RES/philly"
+python -m devtools example --data "$DATA" --out "$RES/philly"
 run quality-philly   malletrain bench quality --trace "$RES/philly/philly-1day.csv.gz" \
     --workload "$RES/philly/workload-pollux.yaml" --max-jobs 10
 python - "$DATA" "$RES/theta-workload.yaml" <<'PY'

@@ -11,7 +11,7 @@ R=benchmarks/results
 mkdir -p "$R"
 for run in "cnn 32" "cnn 16" "cnn 64" "mlp 32"; do
     set -- $run
-    malletrain bench runtime --procs 2 --arch "$1" --micro-batch "$2" --json "$R/runtime-$1-mb$2.json" \
+    python -m devtools bench runtime --procs 2 --arch "$1" --micro-batch "$2" --json "$R/runtime-$1-mb$2.json" \
         | tee "$R/runtime-$1-mb$2.txt"
 done
 malletrain selfcheck consistency --workers 4 --procs 1,2,3,4 --steps 24 --rescale 1,4,2,3 --kill9 \

@@ -16,7 +16,7 @@ daemon: {interval_s: 2, state_dir: $W/state, metrics_port: 0, log_format: text}
 CFG
 for i in 1 2 3 4; do
     MALLETRAIN_METRICS_DIR="$W/m" malletrain submit --launch batch --name "b$i" --min-nodes 1 --max-nodes 4 \
-        --rescale-up 2 --rescale-down 1 -- "$ROOT/.venv/bin/python" -m malletrain.synthjob \
+        --rescale-up 2 --rescale-down 1 -- "$ROOT/.venv/bin/python" -m devtools.synthjob \
         --work 1e9 --rate 100 --alpha "0.$i" --checkpoint "$W/b$i.ckpt" --checkpoint-s 1 >/dev/null
 done
 malletrain bench slurm --config "$W/config.yaml" --cycles "${CYCLES:-40}" 2>/dev/null | tee benchmarks/results/slurm-cycle.txt

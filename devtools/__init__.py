@@ -1,0 +1,8 @@
+"""Development tools: they run from a checkout of this repository and are not shipped.
+
+``python -m devtools bench jpa|replay|runtime`` (benchmarks that read
+``../shared/data`` or the examples), ``python -m devtools example`` (rebuild
+``examples/`` from the public data), ``python -m devtools.demo_live`` (the live
+demo driver) and ``python -m devtools.synthjob`` (a synthetic malleable job for
+the scheduling tests and the demo).
+"""

@@ -1,4 +1,4 @@
-"""``malletrain bench runtime``: what malleability costs a training job.
+"""``python -m devtools bench runtime``: what malleability costs a training job.
 
 Runs the digits example (``examples/train/digits_train.py``) as real processes
 over torch.distributed and reads the progress records it writes:

@@ -43,7 +43,7 @@ export MALLETRAIN_METRICS_DIR="$OUT/metrics"
 for spec in "resnet 0.05 1 4" "bert 0.25 1 4"; do
     set -- $spec
     malletrain submit --launch batch --name "$1" --min-nodes "$3" --max-nodes "$4" --rescale-up 3 --rescale-down 2 -- \
-        "$ROOT/.venv/bin/python" -m malletrain.synthjob --work 1e9 --rate 200 --alpha "$2" \
+        "$ROOT/.venv/bin/python" -m devtools.synthjob --work 1e9 --rate 200 --alpha "$2" \
         --checkpoint "$OUT/$1.ckpt" --checkpoint-s 1 --report-s 0.5 >/dev/null
 done
 malletrain campaign submit examples/train/hpo-digits.yaml --dir "$OUT/campaign"
@@ -56,7 +56,7 @@ echo "[demo] daemon pid $DAEMON; harvesting the idle cluster for 15 s before pri
 sleep 15
 malletrain status --state-dir "$OUT/state" || true
 
-python -m malletrain.demo_live --stream examples/primary-jobs.csv --out "$OUT" --state-dir "$OUT/state" \
+python -m devtools.demo_live --stream examples/primary-jobs.csv --out "$OUT" --state-dir "$OUT/state" \
     --ctld-log "$(dirname "$(dirname "$SLURM_CONF")")/log/slurmctld.log" --max-s 200 | tee "$OUT/driver.log" | grep -v '^\[demo\]' || true
 
 echo; echo "[demo] malletrain status:"; malletrain status --state-dir "$OUT/state" || true

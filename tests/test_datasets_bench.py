@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from devtools.__main__ import main as dev_main
 from malletrain.cli.main import main
 from devtools.datasets import (APPS, full_curves, make_workload, philly_events, synthetic_trace,
                                  write_events, write_workload)
@@ -69,7 +70,7 @@ def test_synthetic_trace_size_and_idle():
 
 def test_example_builder(data_dir, tmp_path):
     out = tmp_path / "ex"
-    assert main(["example", "--data", data_dir, "--out", str(out)]) == 0
+    assert dev_main(["example", "--data", data_dir, "--out", str(out)]) == 0
     assert sorted(os.listdir(out)) == ["philly-1day.csv.gz", "workload-pollux.yaml"]
 
 
@@ -84,10 +85,10 @@ def test_bench_allocator_and_compare_print_figures(capsys):
 
 
 def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
-    assert main(["bench", "jpa", "--data", data_dir, "--json"]) == 0
+    assert dev_main(["bench", "jpa", "--data", data_dir, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["mape_near"] < 5.0      # the miniature curves are smooth
-    assert main(["bench", "replay", "--nodes", "64", "--days", "0.5", "--events", "2000",
+    assert dev_main(["bench", "replay", "--nodes", "64", "--days", "0.5", "--events", "2000",
                  "--jobs", "5", "--data", data_dir, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["events"] > 0 and res["decisions"] > 0

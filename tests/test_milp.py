@@ -133,7 +133,7 @@ def test_pause_costs_charged_at_current_rate():
 
 
 def per_node_instance(rng, n_jobs, n_nodes):
-    from malletrain.bench.suite import per_node_instance as build
+    from malletrain.bench.allocator import per_node_instance as build
     return build(rng, n_jobs, n_nodes, curve=curve, max_choices=range(3, 9), held_share=1.0)
 
 

@@ -8,25 +8,25 @@ wait for jobs to checkpoint, so their latency is reported separately.
 """
 from __future__ import annotations
 
-import json
 import time
 
-from malletrain.replay.engine import percentile
+from malletrain.bench import Report
+from malletrain.domain.stats import percentile
 
 
-def bench_slurm(args) -> int:
+def bench_slurm(config_path: str, cycles: int = 40, interval_s: float = 2.0) -> Report:
     from malletrain.daemon.loop import Daemon
-    d = Daemon(args.config)
+    d = Daemon(config_path)
     rows = []
     try:
-        for _ in range(args.cycles):
+        for _ in range(cycles):
             t0 = time.perf_counter()
             d.cycle_once()
             wall = time.perf_counter() - t0
             lc = d.last_cycle
             rows.append(dict(reads=lc["reads"], writes=lc["writes"], cycle_s=wall,
                              decision_ms=lc["decision_ms"], reused=lc["reused"]))
-            time.sleep(max(0.0, args.interval - wall))
+            time.sleep(max(0.0, interval_s - wall))
     finally:
         d.store.close()
     steady = [r for r in rows if r["writes"] == 0]
@@ -46,22 +46,20 @@ def bench_slurm(args) -> int:
                decision_ms_p50=percentile(dec, 0.5) if dec else None,
                decision_ms_p95=percentile(dec, 0.95) if dec else None,
                plans_reused=sum(1 for r in rows if r["reused"]))
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    print(f"cycles: {out['cycles']} ({out['steady_cycles']} steady, {len(change)} with changes, "
+    lines = []
+    lines.append(f"cycles: {out['cycles']} ({out['steady_cycles']} steady, {len(change)} with changes, "
           f"{out['plans_reused']} reused the previous plan)")
-    print(f"Slurm read commands per steady cycle: max {out['steady_reads_max']}, mean "
+    lines.append(f"Slurm read commands per steady cycle: max {out['steady_reads_max']}, mean "
           f"{out['steady_reads_mean'] or 0:.2f} (target <= 3)")
     if change:
-        print(f"cycles with changes: {out['change_reads_mean']:.1f} reads, "
+        lines.append(f"cycles with changes: {out['change_reads_mean']:.1f} reads, "
               f"{out['change_writes_mean']:.1f} writes on average")
     sl, cl = out["steady_latency"], out["change_latency"]
     if sl["n"]:
-        print(f"steady cycle latency: p50 {sl['p50_ms']:.1f} ms, p95 {sl['p95_ms']:.1f} ms")
+        lines.append(f"steady cycle latency: p50 {sl['p50_ms']:.1f} ms, p95 {sl['p95_ms']:.1f} ms")
     if cl["n"]:
-        print(f"cycle latency with rescales (includes waiting for checkpoints): p50 "
+        lines.append(f"cycle latency with rescales (includes waiting for checkpoints): p50 "
               f"{cl['p50_ms']:.0f} ms, p95 {cl['p95_ms']:.0f} ms")
     if dec:
-        print(f"decide(): p50 {out['decision_ms_p50']:.2f} ms, p95 {out['decision_ms_p95']:.2f} ms")
-    return 0
+        lines.append(f"decide(): p50 {out['decision_ms_p50']:.2f} ms, p95 {out['decision_ms_p95']:.2f} ms")
+    return Report(out, lines)

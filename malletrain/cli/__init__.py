@@ -1,1 +1,1 @@
-"""cli"""
+"""The command line; the only package that sees argparse (nothing imports it)."""

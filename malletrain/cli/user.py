@@ -200,17 +200,19 @@ def cmd_daemon(args) -> int:
     return d.run()
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("daemon", help="run the harvesting service (systemd runs this)",
                        description="Poll Slurm every interval, re-allocate idle nodes among malleable "
                                    "jobs, apply the plan. SIGHUP reloads the config, SIGTERM stops "
                                    "(jobs keep running).")
+    d.set_defaults(run=cmd_daemon)
     d.add_argument("--config", required=True, help="YAML config (see `malletrain config check`)")
     d.add_argument("--cycles", type=int, default=0, help="run N cycles and exit (debugging)")
 
     c = sub.add_parser("config", help="configuration tools")
     csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     cc = csub.add_parser("check", help="validate a config file (exit 2 with the reason if bad)")
+    cc.set_defaults(run=cmd_config_check)
     cc.add_argument("file")
 
     s = sub.add_parser("submit", help="submit a malleable job as yourself",
@@ -219,6 +221,7 @@ def add_commands(sub) -> None:
                                    "preemption. COMMAND must checkpoint on SIGTERM/SIGUSR2.",
                        epilog="example: malletrain submit --name lr-0.1 --min-nodes 1 --max-nodes 4 "
                               "-- python train.py --lr 0.1")
+    s.set_defaults(run=cmd_submit)
     s.add_argument("--name", default="malleable", help="job name")
     s.add_argument("--min-nodes", type=int, default=1)
     s.add_argument("--max-nodes", type=int, default=4)
@@ -247,6 +250,7 @@ def add_commands(sub) -> None:
     for action, helptext in (("submit", "submit the trials not yet submitted (idempotent)"),
                              ("status", "trials, progress and the best result so far")):
         a = cpsub.add_parser(action, help=helptext)
+        a.set_defaults(run=cmd_campaign)
         a.add_argument("spec", help="campaign spec YAML (examples/train/*.yaml)")
         a.add_argument("--dir", help="campaign directory (overrides the spec's dir)")
         a.add_argument("--metrics-dir", help="progress files and job output (default <dir>/metrics)")
@@ -257,25 +261,10 @@ def add_commands(sub) -> None:
     for name, helptext in (("status", "table of malleable jobs, sizes, throughput and reasons"),
                            ("explain", "why a job has its current size")):
         p = sub.add_parser(name, help=helptext)
+        p.set_defaults(run=cmd_explain if name == "explain" else cmd_status)
         if name == "explain":
             p.add_argument("job", help="Slurm job id")
         else:
             p.add_argument("--json", action="store_true", help="print the raw status JSON")
         p.add_argument("--state-dir", help="the daemon's state_dir (default: from --config)")
         p.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
-
-
-def dispatch(args) -> int | None:
-    if args.command == "daemon":
-        return cmd_daemon(args)
-    if args.command == "config":
-        return cmd_config_check(args)
-    if args.command == "submit":
-        return cmd_submit(args)
-    if args.command == "status":
-        return cmd_status(args)
-    if args.command == "explain":
-        return cmd_explain(args)
-    if args.command == "campaign":
-        return cmd_campaign(args)
-    return None

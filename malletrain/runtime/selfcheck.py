@@ -178,24 +178,28 @@ def max_param_deviation(dir_a: str, dir_b: str) -> float:
     return worst
 
 
-def main(args) -> int:
-    procs = parse_list(args.procs, "--procs")
-    rescale = parse_list(args.rescale, "--rescale") if args.rescale else None
-    for p in procs + (rescale or ()):
-        if p > args.workers:
-            raise InputError(f"{p} processes > {args.workers} logical workers (need 1 <= P <= L)")
-    if rescale and len(rescale) > args.steps:
-        raise InputError(f"--rescale has {len(rescale)} segments but only {args.steps} steps")
-    launcher = Launcher(workers=args.workers, mode=args.mode, micro_batch=args.micro_batch,
-                        seed=args.seed)
+def consistency(*, procs: str = "1,2,3,4", rescale: str | None = None, workers: int = 4,
+                steps: int = 24, kill9: bool = False, mode: str = "consistency",
+                mapping: str = "contiguous", micro_batch: int = 8, seed: int = 0,
+                json_path: str | None = None, keep: bool = False) -> int:
+    """``malletrain selfcheck consistency``; the exit status (1: not consistent)."""
+    proc_list = parse_list(procs, "--procs")
+    rescale_list = parse_list(rescale, "--rescale") if rescale else None
+    for p in proc_list + (rescale_list or ()):
+        if p > workers:
+            raise InputError(f"{p} processes > {workers} logical workers (need 1 <= P <= L)")
+    if rescale_list and len(rescale_list) > steps:
+        raise InputError(f"--rescale has {len(rescale_list)} segments but only {steps} steps")
+    launcher = Launcher(workers=workers, mode=mode, micro_batch=micro_batch,
+                        seed=seed)
     work = tempfile.mkdtemp(prefix="malletrain-selfcheck-")
     results: list[Outcome] = []
-    print(f"selfcheck consistency: mode {args.mode}, L={args.workers} logical workers, "
-          f"{args.steps} steps, reference CNN on CPU/gloo, mapping {args.mapping}")
+    print(f"selfcheck consistency: mode {mode}, L={workers} logical workers, "
+          f"{steps} steps, reference CNN on CPU/gloo, mapping {mapping}")
     try:
-        for i, plan in enumerate(plans(procs, rescale, args.kill9, args.mapping)):
+        for i, plan in enumerate(plans(proc_list, rescale_list, kill9, mapping)):
             d = os.path.join(work, f"c{i}")
-            res = launcher.run(plan, args.steps, d)
+            res = launcher.run(plan, steps, d)
             results.append(res)
             note = f"  [{'; '.join(res.notes)}]" if res.notes else ""
             print(f"{plan.label:<28} sha256 {res.sha256}  ({res.seconds:.1f}s){note}", flush=True)
@@ -203,18 +207,18 @@ def main(args) -> int:
         dev = max(max_param_deviation(results[0].directory, r.directory) for r in results)
         print(f"consistent: {'yes' if consistent else 'no'}"
               + ("" if consistent else f" (max parameter deviation {dev:.3g})"))
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump({"mode": args.mode, "workers": args.workers, "steps": args.steps,
+        if json_path:
+            with open(json_path, "w", encoding="utf-8") as fh:
+                json.dump({"mode": mode, "workers": workers, "steps": steps,
                            "consistent": consistent, "max_deviation": dev,
                            "runs": [{"label": r.plan.label, "sha256": r.sha256,
                                      "seconds": round(r.seconds, 2), "notes": r.notes}
                                     for r in results]}, fh, indent=1)
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"runs kept in {work}")
-    if args.mode == "tolerance":
+    if mode == "tolerance":
         return 0
     return 0 if consistent else 1

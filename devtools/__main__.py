@@ -1,0 +1,88 @@
+"""``python -m devtools``: the repository's development commands (see the package doc)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from malletrain.cli.args import positive
+from malletrain.domain.config import POLICIES
+from malletrain.domain.errors import MalletrainError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m devtools", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    b = sub.add_parser("bench", help="benchmarks that read ../shared/data or the examples")
+    bsub = b.add_subparsers(dest="bench_command", required=True, metavar="WHICH")
+    bj = bsub.add_parser("jpa", help="JPA prediction error on the Pollux measurements")
+    bj.add_argument("--data", help="shared data directory (default: ../shared/data)")
+    bj.add_argument("--json", action="store_true")
+    bj.set_defaults(run=_bench_jpa)
+    br = bsub.add_parser("replay", help="replay speed on a generated 15-day trace (or --trace)")
+    br.add_argument("--nodes", type=positive(int), default=4734)
+    br.add_argument("--days", type=positive(float), default=15.0)
+    br.add_argument("--events", type=positive(int), default=850_000)
+    br.add_argument("--jobs", type=positive(int), default=1000)
+    br.add_argument("--trace", help="replay this trace instead of a generated one")
+    br.add_argument("--policy", default="malletrain", choices=POLICIES)
+    br.add_argument("--max-jobs", type=positive(int), default=None)
+    br.add_argument("--data", help="shared data directory (for the workload curves)")
+    br.add_argument("--json", action="store_true")
+    br.set_defaults(run=_bench_replay)
+    from devtools.bench_runtime import __doc__ as runtime_doc
+    bt = bsub.add_parser("runtime", help="training runtime: consistency overhead, checkpoint and "
+                                         "resume times", description=runtime_doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bt.add_argument("--procs", type=positive(int), default=2, help="processes (default 2)")
+    bt.add_argument("--steps", type=positive(int), default=400, help="steps per timed run")
+    bt.add_argument("--repeats", type=positive(int), default=4, help="rounds per mode")
+    bt.add_argument("--arch", choices=("cnn", "mlp"), default="cnn")
+    bt.add_argument("--micro-batch", type=positive(int), default=32,
+                    help="samples per logical worker (the example's default, 32)")
+    bt.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    bt.set_defaults(run=_bench_runtime)
+    e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
+    e.add_argument("--data", help="shared data directory (default: ../shared/data)")
+    e.add_argument("--out", required=True, help="directory for the example files")
+    e.set_defaults(run=_example)
+    return p
+
+
+def _emit(report, as_json: bool) -> int:
+    report.emit(as_json)
+    return 0
+
+
+def _bench_jpa(a: argparse.Namespace) -> int:
+    from devtools.bench_data import bench_jpa
+    return _emit(bench_jpa(a.data), a.json)
+
+
+def _bench_runtime(a: argparse.Namespace) -> int:
+    from devtools.bench_runtime import run
+    return run(a)
+
+
+def _bench_replay(a: argparse.Namespace) -> int:
+    from devtools.bench_data import bench_replay
+    return _emit(bench_replay(a.nodes, a.days, a.events, a.jobs, a.trace, a.policy, a.max_jobs,
+                              a.data, quiet=a.json), a.json)
+
+
+def _example(a: argparse.Namespace) -> int:
+    from devtools.example import build_example
+    build_example(a.data, a.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except MalletrainError as exc:
+        print(f"devtools: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Benchmarks that only make sense in this repository (they read ``../shared/data``).
+
+* ``jpa``    – prediction error of the JPA on the Pollux measurements from the
+  3 counts it would probe;
+* ``replay`` – replay wall time on a generated 15-day trace (or a given one).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from malletrain.bench import Report
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.stats import percentile
+
+
+# -- JPA accuracy on Pollux ----------------------------------------------------------
+def bench_jpa(data: str | None = None) -> Report:
+    from malletrain.jpa.advisor import probe_counts
+    from malletrain.jpa.scaling import fit_scaling
+    from devtools.datasets import APPS, default_data_dir, pollux_curves
+    data = data or default_data_dir()
+    near, far, floor, lines, per_app = [], [], [], [], {}
+    for app in APPS:
+        a_near, a_far = [], []
+        for bsz, curve in pollux_curves(data, app).items():
+            counts = sorted(curve)
+            probes = [n for n in probe_counts(counts[0], counts[-1]) if n in curve]
+            if len(probes) < 3 or len(counts) < 5:
+                continue
+            fit = fit_scaling(probes, [curve[n] for n in probes])
+            for i, n in enumerate(counts):
+                if n in probes:
+                    continue
+                err = abs(fit.throughput(n) - curve[n]) / curve[n]
+                (a_near if n <= 2 * max(probes) else a_far).append(err)
+                if 0 < i < len(counts) - 1:   # roughness: distance from the neighbours' chord
+                    lo, hi = counts[i - 1], counts[i + 1]
+                    w = (n - lo) / (hi - lo)
+                    floor.append(abs(curve[lo] * (1 - w) + curve[hi] * w - curve[n]) / curve[n])
+        near += a_near
+        far += a_far
+        per_app[app] = {"mape_near": 100 * statistics.fmean(a_near) if a_near else None,
+                        "mape_far": 100 * statistics.fmean(a_far) if a_far else None,
+                        "points_near": len(a_near), "points_far": len(a_far)}
+        lines.append(f"{app:12s} MAPE <=2x probed: {per_app[app]['mape_near'] or 0:5.1f}%  "
+                     f"beyond: {per_app[app]['mape_far'] or 0:5.1f}%  ({len(a_near)}/{len(a_far)} points)")
+    insample = []   # the best this model can do: fitted on every point of a curve
+    for app in APPS:
+        for curve in pollux_curves(data, app).values():
+            if len(curve) >= 5:
+                f = fit_scaling(list(curve), list(curve.values()))
+                insample += [abs(f.throughput(n) - x) / x for n, x in curve.items()]
+    res = {"probes": "probe_counts(min, max) = 6,12,24 replicas", "per_app": per_app,
+           "insample_floor_mape": 100 * statistics.fmean(insample),
+           "mape_near": 100 * statistics.fmean(near), "mape_far": 100 * statistics.fmean(far),
+           "p90_near": 100 * percentile(near, 0.9), "noise_floor_mape": 100 * statistics.fmean(floor)}
+    lines.append(f"ALL          MAPE <=2x probed: {res['mape_near']:5.1f}% (p90 {res['p90_near']:.1f}%)  "
+                 f"beyond: {res['mape_far']:5.1f}%   data roughness (point vs. neighbours' chord): "
+                 f"{res['noise_floor_mape']:.1f}%; model fitted on all points (in-sample floor): "
+                 f"{res['insample_floor_mape']:.1f}%")
+    return Report(res, lines)
+
+
+# -- replay speed --------------------------------------------------------------------
+def bench_replay(nodes: int = 4734, days: float = 15.0, events: int = 850_000, jobs: int = 1000,
+                 trace_path: str | None = None, policy: str = "malletrain",
+                 max_jobs: int | None = None, data: str | None = None, quiet: bool = False) -> Report:
+    from devtools.datasets import default_data_dir, make_workload
+    from malletrain.replay.engine import ReplayOptions, run_replay
+    from malletrain.replay.traces import load_trace
+    from malletrain.replay.workload import load_workload
+    import tempfile
+    t0 = time.perf_counter()
+    if trace_path:
+        trace = load_trace(trace_path)
+        label = os.path.basename(trace_path)
+    else:
+        from devtools.datasets import synthetic_trace
+        trace = synthetic_trace(nodes, days, events, seed=1)
+        label = f"synthetic {nodes} nodes x {days:g} days"
+    t_load = time.perf_counter() - t0
+    span = trace.end_s - trace.start_s
+    doc = make_workload(data or default_data_dir(), jobs, span * 0.8, seed=2)
+    with tempfile.TemporaryDirectory() as d:
+        from devtools.datasets import write_workload
+        path = os.path.join(d, "w.yaml")
+        write_workload(doc, path)
+        workload = load_workload(path)
+    opts = ReplayOptions(core=CoreConfig(policy=policy), max_jobs=max_jobs,
+                         noise=0.05, seed=0, quiet=quiet)
+    result = run_replay(trace, workload, opts)
+    s = result.summary
+    res = {"trace": label, "nodes": len(trace.nodes), "events": trace.n_events, "jobs": jobs,
+           "load_s": t_load, "replay_wall_s": s["wall_s"], "decisions": s["decisions"],
+           "decisions_reused": s["decisions_reused"], "trace_span_days": span / 86400,
+           "decision_ms_p50": s["decision_ms_p50"], "decision_ms_p95": s["decision_ms_p95"],
+           "useful_samples": s["useful_samples"], "jobs_completed": s["jobs_completed"],
+           "harvested_fraction": s["harvested_fraction"]}
+    return Report(res, [f"replay {label}: {trace.n_events:,} events, {jobs} jobs, policy "
+                           f"{policy}: load {t_load:.1f} s, replay {s['wall_s']:.1f} s wall, "
+                           f"{s['decisions']:,} decisions + {s['decisions_reused']:,} unchanged cycles (p50 {s['decision_ms_p50']:.2f} ms, p95 "
+                           f"{s['decision_ms_p95']:.2f} ms), {s['jobs_completed']} jobs done, harvested "
+                           f"{100 * s['harvested_fraction']:.1f}%"])

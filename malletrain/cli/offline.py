@@ -1,0 +1,261 @@
+"""Offline commands: ``replay``, ``jpa predict``, ``bench``, ``selfcheck``.
+
+Each handler turns the argparse namespace into typed arguments of a library
+call; nothing below this package sees argparse.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+
+from malletrain.cli.args import nonneg_float, positive, time_arg
+from malletrain.domain.config import ALLOCATORS, POLICIES, CoreConfig
+from malletrain.domain.errors import InputError
+
+EPILOG_REPLAY = """\
+trace formats (auto-detected):
+  node events  CSV(.gz) with header time,node,state (state idle|busy)
+  SWF          Standard Workload Format job log (use --procs-per-node)
+  sacct        sacct --allusers --allocations --parsable2
+               --format JobID,Start,End,NodeList,State
+outputs in OUT: summary.json, timeline.csv, jobs.csv, nodes.png, progress.png
+
+example:
+  malletrain replay --trace examples/philly-1day.csv.gz \\
+      --workload examples/workload-pollux.yaml --policy malletrain --out out/malletrain
+"""
+
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+
+    r = sub.add_parser("replay", help="replay a recorded schedule with a policy",
+                       description="Replay a primary-workload trace and a malleable workload "
+                                   "through the decision core; write summary, timeline and plots.",
+                       epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.set_defaults(run=cmd_replay)
+    r.add_argument("--trace", required=True, help="node-event CSV(.gz), SWF log, or sacct export")
+    r.add_argument("--format", default="auto", choices=("auto", "events", "swf", "sacct"),
+                   help="trace format (default: detect)")
+    r.add_argument("--workload", required=True, help="malleable workload YAML")
+    r.add_argument("--policy", default="malletrain", choices=POLICIES,
+                   help="malletrain: learns curves (JPA); oracle: true curves; bftrainer: "
+                        "per-node MILP with true curves; greedy: marginal gain; static: fixed size FIFO")
+    r.add_argument("--out", required=True, help="output directory (written atomically)")
+    r.add_argument("--interval", type=positive(float), default=30.0, metavar="S",
+                   help="decide at least every S seconds (default 30)")
+    r.add_argument("--horizon", type=positive(float), default=600.0, metavar="S",
+                   help="look-ahead H of the objective (default 600)")
+    r.add_argument("--start", type=time_arg, help="replay from TIME (ISO-8601 or epoch)")
+    r.add_argument("--end", type=time_arg, help="replay until TIME")
+    r.add_argument("--nodes", type=positive(int), metavar="N", help="first N distinct nodes in trace order")
+    r.add_argument("--max-jobs", type=positive(int), metavar="K",
+                   help="at most K admitted jobs at once (FIFO by submit time)")
+    r.add_argument("--procs-per-node", type=positive(int), default=1, metavar="P",
+                   help="SWF: processors per node (default 1)")
+    r.add_argument("--seed", type=int, default=0, help="seed for sample noise (default 0)")
+    r.add_argument("--noise", type=nonneg_float, default=0.0, metavar="F",
+                   help="relative noise of reported throughput samples, e.g. 0.05")
+    r.add_argument("--allocator", default="auto", choices=ALLOCATORS,
+                   help="auto: exact knapsack DP for one node type, else CBC MILP")
+    r.add_argument("--time-limit", type=positive(float), default=5.0, metavar="S",
+                   help="MILP time limit per decision (default 5)")
+    r.add_argument("--min-dwell", type=nonneg_float, default=0.0, metavar="S",
+                   help="keep a new size at least S seconds (hysteresis; default 0)")
+    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    j = sub.add_parser("jpa", help="job profiling advisor tools")
+    jsub = j.add_subparsers(dest="jpa_command", required=True, metavar="ACTION")
+    jp = jsub.add_parser("predict", help="predict throughput at node counts from measurements",
+                         description="Fit the scaling model to measured (nodes, samples_per_s) "
+                                     "rows and print JSON {n: {mean, low, high}}.")
+    jp.set_defaults(run=cmd_jpa_predict)
+    jp.add_argument("--samples", required=True, help="CSV with header nodes,samples_per_s")
+    jp.add_argument("--nodes", required=True, help="comma-separated counts, e.g. 1,2,4,8")
+
+    b = sub.add_parser("bench", help="benchmarks (print their figures)")
+    bsub = b.add_subparsers(dest="bench_command", required=True, metavar="WHICH")
+    ba = bsub.add_parser("allocator", help="decision latency of the malletrain decide step")
+    ba.set_defaults(run=cmd_bench_allocator)
+    ba.add_argument("--nodes", type=positive(int), default=4734)
+    ba.add_argument("--jobs", type=positive(int), default=100)
+    ba.add_argument("--repeat", type=positive(int), default=20)
+    ba.add_argument("--seed", type=int, default=0)
+    ba.add_argument("--json", action="store_true", help="print JSON only")
+    bc = bsub.add_parser("compare", help="BFTrainer per-node MILP (CBC) vs. count-based allocator")
+    bc.set_defaults(run=cmd_bench_compare)
+    bc.add_argument("--sizes", default="10x64,20x128", help="JOBSxNODES list (default 10x64,20x128)")
+    bc.add_argument("--repeat", type=positive(int), default=3)
+    bc.add_argument("--time-limit", type=positive(float), default=60.0)
+    bc.add_argument("--json", action="store_true")
+    bq = bsub.add_parser("quality", help="all policies side by side on one trace and workload")
+    bq.set_defaults(run=cmd_bench_quality)
+    bq.add_argument("--trace", required=True)
+    bq.add_argument("--workload", required=True)
+    bq.add_argument("--policies", default=",".join(POLICIES))
+    bq.add_argument("--nodes", type=positive(int))
+    bq.add_argument("--start", type=time_arg)
+    bq.add_argument("--end", type=time_arg)
+    bq.add_argument("--max-jobs", type=positive(int))
+    bq.add_argument("--noise", type=nonneg_float, default=0.05)
+    bq.add_argument("--interval", type=positive(float), default=30.0)
+    bq.add_argument("--json", action="store_true")
+
+    bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
+                         description="Run N real daemon cycles against the cluster the config names "
+                                     "(benchmarks/slurm.sh sets up the local one).")
+    bs.set_defaults(run=cmd_bench_slurm)
+    bs.add_argument("--config", required=True, help="daemon config YAML")
+    bs.add_argument("--cycles", type=positive(int), default=40)
+    bs.add_argument("--interval", type=positive(float), default=2.0, metavar="S")
+    bs.add_argument("--json", action="store_true")
+
+    sc = sub.add_parser("selfcheck", help="check the training runtime on this machine")
+    scsub = sc.add_subparsers(dest="selfcheck_command", required=True, metavar="WHAT")
+    from malletrain.runtime.selfcheck import __doc__ as selfcheck_doc
+    cc = scsub.add_parser("consistency", help="same parameters for every process count and rescale?",
+                          description=selfcheck_doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="example:\n  malletrain selfcheck consistency --workers 4 "
+                                 "--procs 1,2,3,4 --steps 24 --rescale 1,4,2,3 --kill9")
+    cc.set_defaults(run=cmd_selfcheck)
+    cc.add_argument("--workers", type=positive(int), default=4, help="logical workers L (default 4)")
+    cc.add_argument("--procs", default="1,2,3,4", help="process counts to compare (default 1,2,3,4)")
+    cc.add_argument("--steps", type=positive(int), default=24, help="training steps (default 24)")
+    cc.add_argument("--rescale", metavar="P,P,..", help="also run one job rescaled through these sizes")
+    cc.add_argument("--kill9", action="store_true",
+                    help="also SIGKILL one segment after a checkpoint and resume it")
+    cc.add_argument("--mode", choices=("consistency", "tolerance"), default="consistency",
+                    help="tolerance: native all-reduce (expected to differ)")
+    cc.add_argument("--mapping", choices=("contiguous", "round_robin"), default="contiguous",
+                    help="how logical workers map to processes")
+    cc.add_argument("--micro-batch", type=positive(int), default=8)
+    cc.add_argument("--seed", type=int, default=0)
+    cc.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    cc.add_argument("--keep", action="store_true", help="keep the runs' checkpoint directories")
+
+
+def cmd_bench_allocator(args: argparse.Namespace) -> int:
+    from malletrain.bench.allocator import bench_allocator
+    bench_allocator(args.nodes, args.jobs, args.repeat, args.seed).emit(args.json)
+    return 0
+
+
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from malletrain.bench.allocator import bench_compare
+    bench_compare(args.sizes, args.repeat, args.time_limit).emit(args.json)
+    return 0
+
+
+def cmd_bench_quality(args: argparse.Namespace) -> int:
+    from malletrain.bench.quality import bench_quality
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bench_quality(args.trace, args.workload, policies, nodes=args.nodes, start=args.start,
+                  end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
+                  progress=not args.json).emit(args.json)
+    return 0
+
+
+def cmd_bench_slurm(args: argparse.Namespace) -> int:
+    from malletrain.bench.slurm import bench_slurm
+    bench_slurm(args.config, args.cycles, args.interval).emit(args.json)
+    return 0
+
+
+def cmd_selfcheck(args: argparse.Namespace) -> int:
+    from malletrain.runtime.selfcheck import consistency
+    return consistency(procs=args.procs, rescale=args.rescale, workers=args.workers,
+                       steps=args.steps, kill9=args.kill9, mode=args.mode, mapping=args.mapping,
+                       micro_batch=args.micro_batch, seed=args.seed, json_path=args.json,
+                       keep=args.keep)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from malletrain.replay.engine import ReplayOptions, run_replay, write_outputs
+    from malletrain.replay.traces import load_trace
+    from malletrain.replay.workload import load_workload
+
+    core = CoreConfig(policy=args.policy, horizon_s=args.horizon, allocator=args.allocator,
+                      time_limit_s=args.time_limit, min_dwell_s=args.min_dwell).validate("command line")
+    workload = load_workload(args.workload)
+    trace = load_trace(args.trace, args.format, procs_per_node=args.procs_per_node,
+                       nodes=args.nodes, start=args.start, end=args.end)
+    opts = ReplayOptions(core=core, interval_s=args.interval, max_jobs=args.max_jobs,
+                         seed=args.seed, noise=args.noise, quiet=args.quiet)
+    result = run_replay(trace, workload, opts)
+    write_outputs(result, args.out, plots=not args.no_plots)
+    s = result.summary
+    if not args.quiet:
+        print(f"{s['policy']}: useful {s['useful_samples']:.4g} samples, harvested "
+              f"{100 * s['harvested_fraction']:.1f}% of {s['idle_node_s'] / 3600:.0f} idle node-h, "
+              f"{s['jobs_completed']}/{s['jobs']} jobs done, {s['preemptions']} preemptions, "
+              f"{s['rescales']} rescales, decide p95 {s['decision_ms_p95']:.1f} ms, "
+              f"wall {s['wall_s']:.1f} s -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_jpa_predict(args: argparse.Namespace) -> int:
+    import statistics
+
+    from malletrain.jpa.scaling import band, fit_scaling
+    try:
+        counts = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--nodes must be comma-separated integers, got {args.nodes!r}") from None
+    if not counts or any(n <= 0 for n in counts):
+        raise InputError(f"--nodes must list positive integers, got {args.nodes!r}")
+    rows = _read_samples(args.samples)
+    by: dict[int, list[float]] = {}
+    for n, x in rows:
+        by.setdefault(n, []).append(x)
+    med = {n: statistics.median(v) for n, v in sorted(by.items())}
+    fit = fit_scaling(list(med), list(med.values()), terms=len(med))
+    out = {}
+    for n in counts:
+        mean, low, high = band(fit, n, list(med))
+        out[str(n)] = {"mean": round(mean, 6), "low": round(low, 6), "high": round(high, 6)}
+    print(json.dumps(out))
+    return 0
+
+
+def _read_samples(path: str) -> list[tuple[int, float]]:
+    try:
+        fh = open(path, encoding="utf-8", newline="")
+    except OSError as exc:
+        raise InputError(f"cannot read samples: {exc.strerror}", path=path) from exc
+    rows = []
+    with fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise InputError("empty file (expected header nodes,samples_per_s)", path=path)
+        if [h.strip() for h in header] != ["nodes", "samples_per_s"]:
+            raise InputError(f"header must be nodes,samples_per_s, got {','.join(header)!r}",
+                             path=path, line=1)
+        for lineno, row in enumerate(reader, start=2):
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) != 2:
+                raise InputError(f"expected 2 fields, got {len(row)}", path=path, line=lineno)
+            try:
+                n = int(row[0])
+            except ValueError:
+                raise InputError(f"not an integer: {row[0]!r}", path=path, line=lineno,
+                                 field="nodes") from None
+            try:
+                x = float(row[1])
+            except ValueError:
+                raise InputError(f"not a number: {row[1]!r}", path=path, line=lineno,
+                                 field="samples_per_s") from None
+            if n <= 0:
+                raise InputError(f"must be positive, got {n}", path=path, line=lineno, field="nodes")
+            if not (x > 0 and math.isfinite(x)):
+                raise InputError(f"must be a positive finite number, got {row[1]!r}", path=path,
+                                 line=lineno, field="samples_per_s")
+            rows.append((n, x))
+    if not rows:
+        raise InputError("no measurements after the header", path=path)
+    return rows
