@@ -93,13 +93,13 @@ def bench_replay(nodes: int = 4734, days: float = 15.0, events: int = 850_000, j
     result = run_replay(trace, workload, opts)
     s = result.summary
     res = {"trace": label, "nodes": len(trace.nodes), "events": trace.n_events, "jobs": jobs,
-           "load_s": t_load, "replay_wall_s": s["wall_s"], "decisions": s["decisions"],
-           "decisions_reused": s["decisions_reused"], "trace_span_days": span / 86400,
-           "decision_ms_p50": s["decision_ms_p50"], "decision_ms_p95": s["decision_ms_p95"],
-           "useful_samples": s["useful_samples"], "jobs_completed": s["jobs_completed"],
-           "harvested_fraction": s["harvested_fraction"]}
+           "load_s": t_load, "replay_wall_s": s.wall_s, "decisions": s.decisions,
+           "decisions_reused": s.decisions_reused, "trace_span_days": span / 86400,
+           "decision_ms_p50": s.decision_ms_p50, "decision_ms_p95": s.decision_ms_p95,
+           "useful_samples": s.useful_samples, "jobs_completed": s.jobs_completed,
+           "harvested_fraction": s.harvested_fraction}
     return Report(res, [f"replay {label}: {trace.n_events:,} events, {jobs} jobs, policy "
-                           f"{policy}: load {t_load:.1f} s, replay {s['wall_s']:.1f} s wall, "
-                           f"{s['decisions']:,} decisions + {s['decisions_reused']:,} unchanged cycles (p50 {s['decision_ms_p50']:.2f} ms, p95 "
-                           f"{s['decision_ms_p95']:.2f} ms), {s['jobs_completed']} jobs done, harvested "
-                           f"{100 * s['harvested_fraction']:.1f}%"])
+                           f"{policy}: load {t_load:.1f} s, replay {s.wall_s:.1f} s wall, "
+                           f"{s.decisions:,} decisions + {s.decisions_reused:,} unchanged cycles (p50 {s.decision_ms_p50:.2f} ms, p95 "
+                           f"{s.decision_ms_p95:.2f} ms), {s.jobs_completed} jobs done, harvested "
+                           f"{100 * s.harvested_fraction:.1f}%"])

@@ -14,6 +14,7 @@ nodes were free of primary jobs but not of malleable ones), preemptions by Slurm
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import json
 import os
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from malletrain.daemon.status import read_status
 from malletrain.slurm.parse import parse_tag
 
 TIME_SCALE = 100.0
@@ -145,16 +147,16 @@ def report(result: dict, status: dict | None, ctld_log: str | None) -> str:
              f"{sum(blk) / len(blk) if blk else 0:.1f} s, max {max(blk) if blk else 0} s",
              f"preemptions by Slurm (slurmctld log): {preempted}"]
     if status:
-        c = status["counters"]
-        lines.append(f"daemon: {status['cycle']} cycles, {c['starts']} starts, {c['rescales']} rescales, "
-                     f"{c['stops']} stops, {c['vacates']} give-backs to primary jobs, "
-                     f"{c['progress_lines']} progress lines read ({c['progress_lines_skipped']} skipped), "
-                     f"{c['slurm_reads']} Slurm reads, {c['slurm_writes']} writes")
-        for j in status["jobs"]:
-            m = j["measured"]
-            lines.append(f"  malleable job {j['job']} {j['name']}: {j['state']} on {j['size']} node(s), "
-                         f"measured {m['samples_per_s']:.0f} samples/s on {m['nodes']}" if m else
-                         f"  malleable job {j['job']} {j['name']}: {j['state']}")
+        c = status.counters
+        lines.append(f"daemon: {status.cycle} cycles, {c.starts} starts, {c.rescales} rescales, "
+                     f"{c.stops} stops, {c.vacates} give-backs to primary jobs, "
+                     f"{c.progress_lines} progress lines read ({c.progress_lines_skipped} skipped), "
+                     f"{c.slurm_reads} Slurm reads, {c.slurm_writes} writes")
+        for j in status.jobs:
+            m = j.measured
+            lines.append(f"  malleable job {j.job} {j.name}: {j.state} on {j.size} node(s), "
+                         f"measured {m.samples_per_s:.0f} samples/s on {m.nodes}" if m else
+                         f"  malleable job {j.job} {j.name}: {j.state}")
     lines += ["", "per primary job: " + ", ".join(
         f"{w['job']}({w['nodes']}n) wait {w['wait_s']:.0f}s/harvest {w['blocked_by_harvest_s']}s" if w["wait_s"] is not None else f"{w['job']} not started"
         for w in result["waits"])]
@@ -178,11 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.stream, args.out, args.max_s)
     status = None
     if args.state_dir and os.path.exists(os.path.join(args.state_dir, "status.json")):
-        with open(os.path.join(args.state_dir, "status.json"), encoding="utf-8") as fh:
-            status = json.load(fh)
+        status = read_status(os.path.join(args.state_dir, "status.json"))
     text = report(result, status, args.ctld_log)
     with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as fh:
-        json.dump(dict(result, status=status), fh, indent=1)
+        json.dump(dict(result, status=dataclasses.asdict(status) if status else None), fh, indent=1)
     with open(os.path.join(args.out, "report.txt"), "w", encoding="utf-8") as fh:
         fh.write(text + "\n")
     print(text)

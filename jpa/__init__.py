@@ -1,5 +1,8 @@
-"""Job profiling advisor: learns each malleable job's throughput curve online."""
-from malletrain.jpa.scaling import ScalingFit, fit_scaling
-from malletrain.jpa.advisor import Advisor, Sample, probe_counts
+"""Job profiling advisor: learns each malleable job's throughput curve online.
 
-__all__ = ["Advisor", "Sample", "ScalingFit", "fit_scaling", "probe_counts"]
+Imports only the domain model (:mod:`malletrain.domain`); no I/O, no clock.
+"""
+from malletrain.jpa.advisor import Advisor, probe_counts
+from malletrain.jpa.scaling import ScalingFit, fit_scaling
+
+__all__ = ["Advisor", "ScalingFit", "fit_scaling", "probe_counts"]

@@ -23,19 +23,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from malletrain.jpa.scaling import ScalingFit, anchored, band, fit_scaling
-from malletrain.domain.model import Curve, CurvePoint
-
-
-@dataclass(frozen=True)
-class Sample:
-    job_id: str
-    nodes: int
-    samples_per_s: float
-    t_s: float
+from malletrain.domain.model import Curve, CurvePoint, Sample
 
 
 def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:

@@ -14,13 +14,14 @@ for policy in malletrain oracle greedy static; do
         --policy "$policy" --noise 0.05 --out "$OUT/$policy"
 done
 python - "$OUT" <<'PY'
-import json, os, sys
+import os, sys
+from malletrain.replay.summary import read_summary
 out = sys.argv[1]
 print(f"\n{'policy':<11}{'useful samples':>16}{'harvested':>11}{'jobs done':>11}{'preempt':>9}{'rescales':>10}{'decide p95':>12}")
 for p in ("malletrain", "oracle", "greedy", "static"):
-    s = json.load(open(os.path.join(out, p, "summary.json")))
-    print(f"{p:<11}{s['useful_samples']:>16.4g}{100*s['harvested_fraction']:>10.1f}%"
-          f"{s['jobs_completed']:>6}/{s['jobs']:<4}{s['preemptions']:>9}{s['rescales']:>10}"
-          f"{s['decision_ms_p95']:>10.1f}ms")
+    s = read_summary(os.path.join(out, p, "summary.json"))
+    print(f"{p:<11}{s.useful_samples:>16.4g}{100*s.harvested_fraction:>10.1f}%"
+          f"{s.jobs_completed:>6}/{s.jobs:<4}{s.preemptions:>9}{s.rescales:>10}"
+          f"{s.decision_ms_p95:>10.1f}ms")
 print(f"\nplots: {out}/<policy>/nodes.png and progress.png")
 PY

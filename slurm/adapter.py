@@ -26,10 +26,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
+from malletrain.core.backend import JobFacts, Observation
 from malletrain.domain.config import DaemonConfig, SlurmConfig
-from malletrain.domain.model import Action, ActionKind, JobSpec, JobState, Node, Snapshot
-from malletrain.daemon.progress import ProgressTail
-from malletrain.core.backend import Observation
+from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
 from malletrain.slurm.parse import (SINFO_FORMAT, SQUEUE_FORMAT, JobRecord, NodeRecord, Phase, Reservation, Tag,
                          collect, is_held, parse_reservations, parse_sinfo, parse_squeue, parse_tag)
 from malletrain.slurm.runner import Runner, SlurmCommandError
@@ -62,11 +61,10 @@ class Events:
 
 class SlurmBackend:
     def __init__(self, runner: Runner, slurm: SlurmConfig, daemon: DaemonConfig, *,
-                 tail: ProgressTail | None = None, clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.time,
                  save_book: Callable[[str, Book | None], None] | None = None,
                  books: Mapping[str, Book] | None = None) -> None:
         self.runner, self.slurm, self.daemon = runner, slurm, daemon
-        self.tail = tail or ProgressTail(max_line_bytes=daemon.max_line_bytes)
         self.clock = clock
         self.books: dict[str, Book] = dict(books or {})
         self._save = save_book or (lambda job, book: None)
@@ -112,16 +110,15 @@ class SlurmBackend:
         self.idle_nodes = sum(1 for n in nodes if n.harvestable)
         pool_names = {n.name for n in nodes if n.harvestable} - soon
 
-        states, samples, profiles = [], [], {}
+        states, facts = [], {}
         live: dict[str, JobRecord] = {}
         for r, tag in malleable:
             if r.phase is Phase.FINISHED:
                 continue
             live[r.job_id] = r
             self.tags[r.job_id] = tag
-            profiles[r.job_id] = tag.profile or f"job-{r.job_id}"
-            if tag.metrics_dir:
-                samples += self.tail.poll(r.job_id, self._metrics_path(r.job_id, tag))
+            facts[r.job_id] = JobFacts(tag.profile or f"job-{r.job_id}", r.user,
+                                       self._metrics_path(r.job_id, tag) if tag.metrics_dir else None)
             st = self._job_state(r, tag, now, pool_names, soon)
             if st is not None:
                 states.append(st)
@@ -131,12 +128,12 @@ class SlurmBackend:
         self.records = live
         self.vacating = soon
 
-        pool = tuple(Node(n, node_info[n].node_type if n in node_info else "gpu",
+        pool = tuple(Node(n, node_info[n].node_type if n in node_info else DEFAULT_NODE_TYPE,
                           window_end_s=windows.get(n)) for n in sorted(pool_names))
         states.sort(key=lambda s: (s.spec.submit_s, int(s.job_id) if s.job_id.isdigit() else 0))
         snap = Snapshot(now, pool, tuple(states))
         gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
-        return Observation(snap, tuple(samples), finished, profiles, gen)
+        return Observation(snap, finished, facts, gen)
 
     @staticmethod
     def _metrics_path(job: str, tag: Tag) -> str:
@@ -144,9 +141,7 @@ class SlurmBackend:
 
     def _forget(self, job: str) -> None:
         """Drop what was kept about a job that left the queue."""
-        tag = self.tags.pop(job, None)
-        if tag is not None and tag.metrics_dir:
-            self.tail.forget(self._metrics_path(job, tag))
+        self.tags.pop(job, None)
         if self.books.pop(job, None) is not None:
             self._save(job, None)
 

@@ -42,6 +42,7 @@ from urllib.parse import quote, unquote
 import hostlist
 
 from malletrain.domain.errors import BackendError
+from malletrain.domain.model import DEFAULT_NODE_TYPE
 
 
 class Phase(enum.Enum):
@@ -112,7 +113,7 @@ class NodeRecord:
             bits = part.split("(")[0].split(":")
             if bits[0] == "gpu" and len(bits) == 3:
                 return bits[1]
-        return "gpu"
+        return DEFAULT_NODE_TYPE
 
 
 @dataclass(frozen=True)

@@ -124,10 +124,13 @@ class DaemonProc:
                 out.append({"msg": line})
         return out
 
-    def status(self) -> dict | None:
+    def status(self):
+        """The daemon's last status (a DaemonStatus), None before the first one."""
+        from malletrain.daemon.status import read_status
+        from malletrain.domain.errors import InputError
         try:
-            return json.loads((self.state_dir / "status.json").read_text())
-        except (OSError, ValueError):
+            return read_status(str(self.state_dir / "status.json"))
+        except InputError:
             return None
 
     def alive(self) -> bool:

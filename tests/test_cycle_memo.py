@@ -19,14 +19,14 @@ def test_memo_gives_identical_results(policy, monkeypatch):
         workload = random_workload(rng, rng.randint(1, 6))
         opts = ReplayOptions(core=CoreConfig(policy=policy, min_dwell_s=rng.choice([0.0, 90.0])),
                              interval_s=30.0, noise=0.05, seed=seed, check_invariants=True)
-        with_memo = run_replay(trace, workload, opts).summary
+        with_memo = run_replay(trace, workload, opts).summary.to_dict()
         reused += with_memo["decisions_reused"]
 
         class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
             def __setattr__(self, k, v):
                 object.__setattr__(self, k, None if k == "plan" else v)
         monkeypatch.setattr(replay_mod, "CycleMemo", NoMemo)
-        without = run_replay(trace, workload, opts).summary
+        without = run_replay(trace, workload, opts).summary.to_dict()
         monkeypatch.undo()
         for s in (with_memo, without):
             for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean",

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from malletrain.jpa import Advisor, Sample, fit_scaling, probe_counts
+from malletrain.domain.model import Sample
+from malletrain.jpa import Advisor, fit_scaling, probe_counts
 from malletrain.cli.main import main
 
 

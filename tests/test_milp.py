@@ -182,6 +182,6 @@ def test_fallback_note_reaches_the_log_and_the_summary(monkeypatch, caplog, tmp_
     rng = random.Random(4)
     res = run_replay(random_trace(rng, 8, 3000), random_workload(rng, 3),
                      ReplayOptions(core=CoreConfig(policy="oracle", allocator="cbc")))
-    assert res.summary["solver_notes"] > 0
-    assert "cbc exploded" in res.summary["solver_notes_first"][0]
+    assert res.summary.solver_notes > 0
+    assert "cbc exploded" in res.summary.solver_notes_first[0]
     assert any("fell back to greedy" in r.getMessage() for r in caplog.records)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from malletrain.domain.config import DaemonConfig, SlurmConfig
-from malletrain.domain.model import Action, ActionKind
+from malletrain.domain.model import Action, ActionKind, ReasonCode
 from malletrain.slurm.adapter import Book, SlurmBackend
 from malletrain.slurm.parse import Tag
 from malletrain.slurm.runner import Runner
@@ -89,7 +89,7 @@ def test_start_grow_shrink_stop_keep_the_id_and_write_the_book_ahead():
     assert [n.name for n in obs.snapshot.nodes] == ["n1", "n2", "n3", "n4"]
     (job,) = obs.snapshot.jobs
     assert job.nodes == () and job.spec.max_nodes == 4
-    b.apply([Action("7", ActionKind.START, (), ("n1", "n2"), "why")])
+    b.apply([Action("7", ActionKind.START, (), ("n1", "n2"), "why", ReasonCode.GAIN)])
     assert ["scontrol", "update", "jobid=7", "NumNodes=2-2", "ReqNodeList=n[1-2]", "StartTime=now"] in fake.calls
     assert saved["7"].launching == ("n1", "n2") and saved["7"].paused_until_s == 1002.0
     # released but not yet started: the job keeps its nodes in the snapshot
@@ -100,11 +100,11 @@ def test_start_grow_shrink_stop_keep_the_id_and_write_the_book_ahead():
     (job,) = b.observe().snapshot.jobs
     assert job.nodes == ("n1", "n2") and b.books["7"].running == ("n1", "n2")
     fake.calls.clear()
-    b.apply([Action("7", ActionKind.GROW, ("n1", "n2"), ("n1", "n2", "n3"), "why")])
+    b.apply([Action("7", ActionKind.GROW, ("n1", "n2"), ("n1", "n2", "n3"), "why", ReasonCode.GAIN)])
     verbs = [c[1] for c in fake.calls if c[0] == "scontrol"]
     assert verbs == ["requeuehold", "update", "release"]
     fake.run_pending()
-    b.apply([Action("7", ActionKind.STOP, ("n1", "n2", "n3"), (), "why")])
+    b.apply([Action("7", ActionKind.STOP, ("n1", "n2", "n3"), (), "why", ReasonCode.GAIN)])
     assert fake.jobs["7"]["reason"] == "job requeued in held state"
     assert list(fake.jobs) == ["7"]
     assert b.events.starts == 1 and b.events.rescales == 1 and b.events.stops == 1

@@ -17,7 +17,7 @@ import pytest
 
 from live import GRACE_S, Cluster, DaemonProc, metrics_records, wait_until
 from malletrain.domain.config import DaemonConfig, SlurmConfig
-from malletrain.domain.model import Action, ActionKind
+from malletrain.domain.model import Action, ActionKind, ReasonCode
 from malletrain.slurm.adapter import SlurmBackend
 from malletrain.slurm.submit import find_token, submit
 from malletrain.slurm.parse import parse_tag
@@ -83,7 +83,7 @@ def test_backend_contract(clean, tmp_path, factory):
     assert st.nodes == () and (st.spec.min_nodes, st.spec.max_nodes) == (1, 4)
 
     def act(kind, frm, to):
-        backend.apply([Action(job, kind, tuple(frm), tuple(to), "test")])
+        backend.apply([Action(job, kind, tuple(frm), tuple(to), "test", ReasonCode.GAIN)])
 
     act(ActionKind.START, (), ("n2",))
     wait_until(lambda: _running_nodes(cluster).get(job) == "n2", 30, "start on n2")
@@ -146,7 +146,7 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
         # garbage in a job's progress file is skipped and counted, never fatal
         with open(tmp_path / "metrics" / f"{a}.jsonl", "a") as fh:
             fh.write('{"t": "soon", "samples": 1}\nnot json at all\n' + "x" * 10000 + "\n")
-        wait_until(lambda: d.status()["counters"]["progress_lines_skipped"] >= 3, 30,
+        wait_until(lambda: d.status().counters.progress_lines_skipped >= 3, 30,
                    "the daemon to skip the garbage lines")
         # a primary job takes half the machine: malleable jobs must make room
         prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "2", "-o", "/dev/null",
@@ -158,7 +158,7 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
         # ...and when it is gone they take the nodes back
         def all_nodes_harvested():
             st = d.status()
-            return st and st["idle_nodes"] == 0 and sum(j["size"] for j in st["jobs"]) == 4
+            return st and st.idle_nodes == 0 and sum(j.size for j in st.jobs) == 4
         wait_until(all_nodes_harvested, 90, "malleable jobs to hold all 4 nodes again")
         ours = _ours(cluster)
         assert sorted(ours) == sorted([a, b]), "job ids must survive rescales"
@@ -168,12 +168,12 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
         assert any(len(s) >= 2 for s in sizes.values()), sizes
         assert max(restarts.values()) >= 1, restarts
         # steady state: a cycle with no change costs at most 3 read commands
-        wait_until(lambda: d.status()["last_cycle"].get("writes") == 0, 30, "a steady cycle")
+        wait_until(lambda: (d.status().last_cycle is not None and d.status().last_cycle.writes == 0), 30, "a steady cycle")
         steady = []
         for _ in range(6):
-            lc = d.status()["last_cycle"]
-            if lc.get("writes") == 0:
-                steady.append(lc["reads"])
+            lc = d.status().last_cycle
+            if lc is not None and lc.writes == 0:
+                steady.append(lc.reads)
             time.sleep(2.1)
         assert steady and max(steady) <= 3, steady
         text = subprocess.run([os.sys.executable, "-m", "malletrain", "status", "--state-dir",
@@ -255,7 +255,7 @@ def test_kill9_mid_cycle_then_restart_loses_and_duplicates_nothing(clean, tmp_pa
         def settled():
             ours = _ours(cluster)
             st = d2.status()
-            return (st and st["cycle"] > 3 and st["idle_nodes"] == 0 and
+            return (st and st.cycle > 3 and st.idle_nodes == 0 and
                     sum(len(r["nodes"].split(",")) for r in ours.values() if r["state"] == "RUNNING") > 0 and
                     all(r["state"] in ("RUNNING", "PENDING") for r in ours.values()))
         wait_until(settled, 120, "the restarted daemon to re-adopt and run the jobs")
@@ -263,13 +263,13 @@ def test_kill9_mid_cycle_then_restart_loses_and_duplicates_nothing(clean, tmp_pa
         assert sorted(ours) == sorted(jobs), "no job lost, none duplicated"
         # none orphaned: every running job is one the daemon knows and plans for
         st = d2.status()
-        known = {j["job"]: j for j in st["jobs"]}
+        known = {j.job: j for j in st.jobs}
         assert set(known) == set(jobs)
         for j, r in ours.items():
             if r["state"] == "RUNNING":
-                assert known[j]["state"] == "running" and known[j]["size"] > 0
+                assert known[j].state == "running" and known[j].size > 0
             else:   # held jobs wait for nodes only when none are idle
-                assert st["idle_nodes"] == 0
+                assert st.idle_nodes == 0
     finally:
         d2.stop()
 

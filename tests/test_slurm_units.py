@@ -11,7 +11,7 @@ import pytest
 from malletrain.domain.config import config_from_mapping, load_config
 from malletrain.domain.errors import BackendError, ConfigError
 from malletrain.daemon.progress import ProgressTail
-from malletrain.daemon.service import JsonFormatter, Metrics, Notifier
+from malletrain.daemon.service import DaemonMetrics, JsonFormatter, Notifier
 from malletrain.slurm.submit import build_submission
 from malletrain.slurm import parse
 from malletrain.slurm.runner import Runner, SlurmCommandError, clean_env
@@ -202,13 +202,16 @@ def test_json_logs_metrics_and_notify(tmp_path):
     rec.cycle, rec.job, rec.reason = 7, "5", "probe"
     out = json.loads(JsonFormatter().format(rec))
     assert out["msg"] == "job 5 grew" and out["cycle"] == 7 and out["job"] == "5" and out["reason"] == "probe"
-    m = Metrics()
-    m.describe("x_total", "counter", "x")
-    m.inc("x_total", 2)
-    m.observe("lat_seconds", 0.5, command="squeue")
+    m = DaemonMetrics()
+    m.advance("starts", 2)
+    m.advance("starts", 2)      # cumulative: no change
+    m.advance("starts", 5)
+    m.command_seconds.labels(command="squeue").observe(0.5)
+    m.decisions.labels(code="gain").inc()
     text = m.render()
-    assert "# TYPE x_total counter" in text and "x_total 2" in text
-    assert 'lat_seconds_count{command="squeue"} 1' in text
+    assert "# TYPE malletrain_starts_total counter" in text and "malletrain_starts_total 5.0" in text
+    assert 'malletrain_slurm_command_seconds_count{command="squeue"} 1.0' in text
+    assert 'malletrain_decisions_total{code="gain"} 1.0' in text
     sock_path = str(tmp_path / "notify")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     srv.bind(sock_path)

@@ -45,6 +45,6 @@ def test_random_replays_keep_invariants(policy, seeds):
         res = run_replay(trace, workload, ReplayOptions(
             core=core, interval_s=rng.choice([15.0, 30.0, 120.0]), max_jobs=rng.choice([None, 2]),
             noise=0.1, seed=seed, check_invariants=True))
-        s = res.summary
+        s = res.summary.to_dict()
         assert 0.0 <= s["allocated_node_s"] <= s["idle_node_s"] + 1e-6
         assert s["useful_samples"] <= sum(j.work for j in workload) + 1e-6

@@ -93,8 +93,8 @@ def per_node_instance(rng: random.Random, n_jobs: int, n_nodes: int, curve=None,
         up, down = rng.uniform(10, 120), rng.uniform(5, 30)
         njobs.append(NodeJob(f"j{i}", lo, hi, held, up, down, f))
         choices.append(JobChoice(f"j{i}", job_values(list(range(lo, hi + 1)), cur, 600.0, up, down, f),
-                                 ("gpu",), cur))
-    return nodes, njobs, Problem(tuple(choices), {"gpu": n_nodes})
+                                 (DEFAULT_NODE_TYPE,), cur))
+    return nodes, njobs, Problem(tuple(choices), {DEFAULT_NODE_TYPE: n_nodes})
 
 
 def bench_compare(sizes: str = "10x64,20x128", repeat: int = 3, time_limit_s: float = 60.0) -> Report:

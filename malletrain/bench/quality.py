@@ -22,11 +22,11 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
         opts = ReplayOptions(core=CoreConfig(policy=policy), interval_s=interval_s,
                              max_jobs=max_jobs, noise=noise, seed=0, quiet=True)
         s = run_replay(trace, workload, opts).summary
-        rows.append(s)
-        lines.append(f"{policy:10s} useful {s['useful_samples']:12.5g}  harvested "
-                     f"{100 * s['harvested_fraction']:5.1f}%  done {s['jobs_completed']:3d}/{s['jobs']}  "
-                     f"lost {s['lost_samples']:10.4g}  rescales {s['rescales']:5d}  preempt "
-                     f"{s['preemptions']:4d}  decide p95 {s['decision_ms_p95']:8.1f} ms  wall {s['wall_s']:7.1f} s")
+        rows.append(s.to_dict())
+        lines.append(f"{policy:10s} useful {s.useful_samples:12.5g}  harvested "
+                     f"{100 * s.harvested_fraction:5.1f}%  done {s.jobs_completed:3d}/{s.jobs}  "
+                     f"lost {s.lost_samples:10.4g}  rescales {s.rescales:5d}  preempt "
+                     f"{s.preemptions:4d}  decide p95 {s.decision_ms_p95:8.1f} ms  wall {s.wall_s:7.1f} s")
         if progress:
             print(lines[-1], file=sys.stderr)
     base = {r["policy"]: r["useful_samples"] for r in rows}

@@ -24,8 +24,9 @@ def bench_slurm(config_path: str, cycles: int = 40, interval_s: float = 2.0) -> 
             d.cycle_once()
             wall = time.perf_counter() - t0
             lc = d.last_cycle
-            rows.append(dict(reads=lc["reads"], writes=lc["writes"], cycle_s=wall,
-                             decision_ms=lc["decision_ms"], reused=lc["reused"]))
+            assert lc is not None
+            rows.append(dict(reads=lc.reads, writes=lc.writes, cycle_s=wall,
+                             decision_ms=lc.decision_ms, reused=lc.reused))
             time.sleep(max(0.0, interval_s - wall))
     finally:
         d.store.close()

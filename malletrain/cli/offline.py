@@ -189,11 +189,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     write_outputs(result, args.out, plots=not args.no_plots)
     s = result.summary
     if not args.quiet:
-        print(f"{s['policy']}: useful {s['useful_samples']:.4g} samples, harvested "
-              f"{100 * s['harvested_fraction']:.1f}% of {s['idle_node_s'] / 3600:.0f} idle node-h, "
-              f"{s['jobs_completed']}/{s['jobs']} jobs done, {s['preemptions']} preemptions, "
-              f"{s['rescales']} rescales, decide p95 {s['decision_ms_p95']:.1f} ms, "
-              f"wall {s['wall_s']:.1f} s -> {args.out}", file=sys.stderr)
+        print(f"{s.policy}: useful {s.useful_samples:.4g} samples, harvested "
+              f"{100 * s.harvested_fraction:.1f}% of {s.idle_node_s / 3600:.0f} idle node-h, "
+              f"{s.jobs_completed}/{s.jobs} jobs done, {s.preemptions} preemptions, "
+              f"{s.rescales} rescales, decide p95 {s.decision_ms_p95:.1f} ms, "
+              f"wall {s.wall_s:.1f} s -> {args.out}", file=sys.stderr)
     return 0
 
 

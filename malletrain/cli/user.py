@@ -7,12 +7,14 @@ daemon rewrites every cycle.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 import uuid
 
+from malletrain.daemon.status import DaemonStatus, read_status
 from malletrain.domain.config import Config, SlurmConfig, load_config
 from malletrain.domain.errors import InputError
 from malletrain.slurm.submit import LAUNCHES
@@ -59,77 +61,67 @@ def cmd_submit(args) -> int:
     return 0
 
 
-def _status(args) -> dict:
+def _status(args: argparse.Namespace) -> DaemonStatus:
     state_dir = args.state_dir or _config(args.config).daemon.state_dir
-    path = os.path.join(state_dir, "status.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        raise InputError("no status yet: is the daemon running with this state_dir?", path=path) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read status: {exc}", path=path) from None
+    return read_status(os.path.join(state_dir, "status.json"))
 
 
-def _rate(x) -> str:
+def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def cmd_status(args) -> int:
+def cmd_status(args: argparse.Namespace) -> int:
+    from malletrain.slurm.parse import collect
     st = _status(args)
     if args.json:
-        print(json.dumps(st, indent=1))
+        print(json.dumps(dataclasses.asdict(st), indent=1))
         return 0
-    age = time.time() - st["t"]
-    print(f"cycle {st['cycle']} ({age:.0f}s ago), Slurm {'up' if st['slurm_up'] else 'DOWN'}, "
-          f"{st['idle_nodes']} idle node(s) in {st['partition']}; "
-          f"{st['counters']['starts']} starts, {st['counters']['rescales']} rescales, "
-          f"{st['counters']['preemptions']} preemptions, {st['counters']['vacates']} vacates")
+    age = time.time() - st.t
+    c = st.counters
+    print(f"cycle {st.cycle} ({age:.0f}s ago), Slurm {'up' if st.slurm_up else 'DOWN'}, "
+          f"{st.idle_nodes} idle node(s) in {st.partition}; {c.starts} starts, {c.rescales} rescales, "
+          f"{c.preemptions} preemptions, {c.vacates} vacates")
     head = f"{'JOB':>7} {'NAME':<14} {'STATE':<8} {'SIZE':>4} {'RANGE':>6} {'NODES':<12} " \
            f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
     print(head)
-    for j in st["jobs"]:
-        from malletrain.slurm.parse import collect
-        meas = j["measured"]["samples_per_s"] if j["measured"] else None
-        la = j["last_action"]
-        last = f"{la['kind']}: {la['reason']}" if la else (j["reason"] or "-")
-        print(f"{j['job']:>7} {j['name'][:14]:<14} {j['state']:<8} {j['size']:>4} "
-              f"{str(j['min_nodes']) + '-' + str(j['max_nodes']):>6} "
-              f"{collect(j['nodes']) if j['nodes'] else '-':<12} {_rate(meas):>10} "
-              f"{_rate(j['predicted']):>11}  {last}")
+    for j in st.jobs:
+        meas = j.measured.samples_per_s if j.measured else None
+        la = j.last_action
+        last = f"{la.kind}: {la.reason}" if la else (j.reason or "-")
+        print(f"{j.job:>7} {j.name[:14]:<14} {j.state:<8} {j.size:>4} "
+              f"{str(j.min_nodes) + '-' + str(j.max_nodes):>6} "
+              f"{collect(j.nodes) if j.nodes else '-':<12} {_rate(meas):>10} "
+              f"{_rate(j.predicted):>11}  {last}")
     return 0
 
 
-def cmd_explain(args) -> int:
+def cmd_explain(args: argparse.Namespace) -> int:
     st = _status(args)
-    job = next((j for j in st["jobs"] if j["job"] == str(args.job)), None)
+    job = st.job(str(args.job))
     if job is None:
         raise InputError(f"job {args.job} is not a malleable job the daemon knows "
-                         f"(known: {', '.join(j['job'] for j in st['jobs']) or 'none'})")
-    print(f"job {job['job']} ({job['name']}, profile {job['profile'] or '-'}): {job['state']} "
-          f"(Slurm {job['slurm_state']}, {job['slurm_reason'] or 'no reason'}) on "
-          f"{job['size']} node(s), allowed {job['min_nodes']}-{job['max_nodes']}")
-    print(f"why: {job['reason'] or 'no decision yet'}")
-    if job["measured"]:
-        m = job["measured"]
-        print(f"measured: {m['samples_per_s']:.4g} samples/s on {m['nodes']} node(s)")
-    if job["curve"]:
-        src = job["curve_source"]
-        probe = f", next probe at {job['probe']} node(s)" if job["probe"] else ""
-        print(f"predicted throughput ({src}{probe}): " +
-              ", ".join(f"{n}: {v:.4g}" for n, v in job["curve"].items()))
-    if job["history"]:
+                         f"(known: {', '.join(j.job for j in st.jobs) or 'none'})")
+    print(f"job {job.job} ({job.name}, profile {job.profile or '-'}): {job.state} "
+          f"(Slurm {job.slurm_state}, {job.slurm_reason or 'no reason'}) on "
+          f"{job.size} node(s), allowed {job.min_nodes}-{job.max_nodes}")
+    print(f"why: {job.reason or 'no decision yet'}" + (f" [{job.reason_code}]" if job.reason_code else ""))
+    if job.measured:
+        m = job.measured
+        print(f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)")
+    if job.curve:
+        probe = f", next probe at {job.probe} node(s)" if job.probe else ""
+        print(f"predicted throughput ({job.curve_source}{probe}): " +
+              ", ".join(f"{n}: {v:.4g}" for n, v in job.curve.items()))
+    if job.history:
         print("recent changes:")
-        for h in job["history"]:
-            when = time.strftime("%H:%M:%S", time.localtime(h["t"]))
-            print(f"  {when} cycle {h['cycle']}: {h['kind']} [{h['from_nodes'] or '-'}] -> "
-                  f"[{h['to_nodes'] or '-'}]: {h['reason']}")
+        for h in job.history:
+            when = time.strftime("%H:%M:%S", time.localtime(h.t))
+            print(f"  {when} cycle {h.cycle}: {h.kind} [{h.from_nodes or '-'}] -> "
+                  f"[{h.to_nodes or '-'}]: {h.reason}" + (f" [{h.code}]" if h.code else ""))
     return 0
 
 
 def cmd_campaign(args) -> int:
-    import dataclasses
-
     from malletrain import campaign
     spec = campaign.load_spec(args.spec)
     if args.dir:

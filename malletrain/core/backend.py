@@ -1,31 +1,52 @@
-"""The backend protocol every Slurm side effect goes through.
+"""The backend protocol the cycle drives, and the metrics-source protocol beside it.
 
-``observe`` returns what the cluster looks like now (a :class:`Snapshot`),
-the throughput samples jobs reported since the last call, and the jobs that
-finished.  ``apply`` carries out the changes of a plan.  Implementations:
-:mod:`slurm.sim` (replay and unit tests); the Slurm CLI backend follows.
+``Backend.observe`` returns what the cluster looks like now (an
+:class:`Observation`: Slurm facts only — nodes, malleable jobs, what their tags
+say, which jobs left); ``Backend.apply`` carries out a plan's changes.
+Throughput samples do not come from the backend: a :class:`MetricsSource`
+reads them (the daemon tails the jobs' progress files; replay's simulated
+cluster reports them) and the cycle hands them to the JPA.
+
+Implementations: :class:`malletrain.slurm.adapter.SlurmBackend` (real Slurm)
+and :class:`malletrain.replay.sim.SimCluster` (replay and unit tests).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
-from malletrain.jpa.advisor import Sample
-from malletrain.domain.model import Action, Snapshot
+from malletrain.domain.model import Action, Sample, Snapshot
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the scheduler says about one malleable job beyond its :class:`JobState`."""
+
+    profile: str                       # scaling-prior key from the job's tag
+    user: str = ""                     # the job's owner
+    progress_path: str | None = None   # where the job appends progress records, if any
 
 
 @dataclass(frozen=True)
 class Observation:
     snapshot: Snapshot
-    samples: tuple[Sample, ...] = ()
-    finished: tuple[str, ...] = ()
-    profiles: dict = field(default_factory=dict)   # job_id -> profile key
+    finished: tuple[str, ...] = ()                       # jobs that left since the last call
+    facts: Mapping[str, JobFacts] = field(default_factory=dict)
     # Changes whenever anything decide() reads changes (nodes, jobs, sizes);
     # None: the backend cannot tell, decide every cycle.
     generation: int | None = None
+
+    def profiles(self) -> dict[str, str]:
+        return {job: f.profile for job, f in self.facts.items()}
 
 
 class Backend(Protocol):
     def observe(self) -> Observation: ...
 
     def apply(self, actions: Sequence[Action]) -> None: ...
+
+
+class MetricsSource(Protocol):
+    """Throughput samples the observed jobs reported since the last poll."""
+
+    def poll(self, observation: Observation) -> Sequence[Sample]: ...

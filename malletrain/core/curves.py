@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from malletrain.jpa.advisor import Advisor, Sample
+from malletrain.domain.model import Sample
+from malletrain.jpa.advisor import Advisor
 from malletrain.domain.config import CoreConfig
 from malletrain.core.decide import size_grid
 from malletrain.domain.model import Curve, CurvePoint, JobState, Snapshot

@@ -1,4 +1,4 @@
-"""The one cycle shared by the daemon and replay: observe → decide → reconcile → apply.
+"""The one cycle shared by the daemon and replay: observe → samples → decide → reconcile → apply.
 
 This is the shell around the pure core: it talks to the backend and measures
 the decision latency; ``decide`` and ``reconcile`` do no I/O.
@@ -8,19 +8,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from malletrain.domain.config import CoreConfig
-from malletrain.core.decide import decide
-from malletrain.domain.errors import MalletrainError
-from malletrain.domain.model import Action, Plan, Snapshot
+from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.curves import CurveSource
-from malletrain.core.backend import Backend
+from malletrain.core.decide import decide
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.errors import PlanError
+from malletrain.domain.model import Action, Plan, Snapshot
 
 
 log = logging.getLogger("malletrain.cycle")
-
-
-class PlanError(MalletrainError):
-    """A plan violates an invariant; it is never applied."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +74,10 @@ def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
     return plan.changes()
 
 
-def run_cycle(backend: Backend, source: CurveSource, config: CoreConfig,
-              previous: Plan | None = None, memo: CycleMemo | None = None) -> CycleResult:
+def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
+              memo: CycleMemo | None = None) -> CycleResult:
     obs = backend.observe()
-    source.ingest(obs.samples, obs.profiles, obs.finished)
+    source.ingest(tuple(metrics.poll(obs)), obs.profiles(), obs.finished)
     t0 = time.perf_counter()
     curves = source.curves(obs.snapshot)
     if memo is not None and obs.generation is not None:
@@ -90,7 +86,7 @@ def run_cycle(backend: Backend, source: CurveSource, config: CoreConfig,
                 and len(cur) == len(memo.curves)
                 and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cur, memo.curves))):
             return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
-    plan = decide(obs.snapshot, curves, config, previous)
+    plan = decide(obs.snapshot, curves, config)
     ms = (time.perf_counter() - t0) * 1000.0
     for note in plan.notes:   # solver timeouts, fallbacks: say why
         log.warning("t=%.0f %s", obs.snapshot.now_s, note)

@@ -1,4 +1,4 @@
-"""``decide``: snapshot + curves + config (+ previous plan) → Plan.
+"""``decide``: snapshot + curves + config → Plan.
 
 Pure: no I/O, no clock, no environment, no global randomness.  Steps:
 
@@ -10,8 +10,8 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
 3. The rest is allocated by the policy's allocator on the remaining capacity
    (count-based: DP/MILP/greedy; ``bftrainer``: its per-node MILP; ``static``:
    fixed size, FIFO).
-4. Counts become nodes (:mod:`malletrain.placement`) and every job gets an
-   :class:`Action` with a reason.
+4. Counts become nodes (:mod:`malletrain.core.placement`) and every job gets an
+   :class:`Action` with a reason: a :class:`ReasonCode` and the detail.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from collections import Counter
 from typing import Mapping, Sequence
 
 from malletrain.domain.config import CoreConfig
-from malletrain.domain.model import Action, ActionKind, Curve, JobState, Node, Plan, Snapshot
+from malletrain.domain.model import (DEFAULT_NODE_TYPE, Action, ActionKind, Curve, JobState, Node, Plan,
+                                     ReasonCode, Snapshot)
 from malletrain.core.placement import place
 from malletrain.milp.bftrainer import NodeJob, solve_per_node
 from malletrain.milp.problem import JobChoice, Problem, job_values
@@ -45,26 +46,30 @@ def _capacity(nodes: Sequence[Node]) -> Counter:
     return Counter(n.node_type for n in nodes)
 
 
-def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreConfig) -> str | None:
+Reason = tuple[ReasonCode, str]
+
+
+def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreConfig) -> Reason | None:
     if not job.nodes:
         return None
     if job.paused_until_s > now_s:
-        return f"keep {job.size}: rescale in progress until t={job.paused_until_s:.0f}s"
+        return (ReasonCode.RESCALE_PAUSE,
+                f"keep {job.size}: rescale in progress until t={job.paused_until_s:.0f}s")
     if (cfg.min_dwell_s > 0 and job.last_change_s is not None
             and now_s - job.last_change_s < cfg.min_dwell_s):
-        return f"keep {job.size}: changed {now_s - job.last_change_s:.0f}s ago (< min_dwell_s {cfg.min_dwell_s:g})"
+        return (ReasonCode.MIN_DWELL, f"keep {job.size}: changed {now_s - job.last_change_s:.0f}s ago "
+                                      f"(< min_dwell_s {cfg.min_dwell_s:g})")
     if cfg.policy == "malletrain" and curve is not None and curve.probe == job.size:
-        return f"keep {job.size}: JPA is measuring throughput at {job.size} nodes"
+        return ReasonCode.MEASURING, f"keep {job.size}: JPA is measuring throughput at {job.size} nodes"
     return None
 
 
-def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
-           previous: Plan | None = None) -> Plan:
+def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) -> Plan:
     now = snapshot.now_s
     pool = {n.name: n for n in snapshot.nodes}
     cap = _capacity(snapshot.nodes)
     targets: dict[str, tuple[str | None, int]] = {}
-    reasons: dict[str, str] = {}
+    reasons: dict[str, Reason] = {}
     notes: list[str] = []
     live = list(snapshot.jobs)
     # Jobs whose nodes left the pool already lost them (the backend shrank them).
@@ -91,11 +96,12 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             if p is not None and t is not None and cap[t] >= p:
                 targets[j.job_id] = (t, p)
                 cap[t] -= p
-                reasons[j.job_id] = (f"probe at {p} nodes: the JPA has no measurement there yet "
-                                     f"({c.source})")
+                reasons[j.job_id] = (ReasonCode.PROBE, f"probe at {p} nodes: the JPA has no "
+                                                       f"measurement there yet ({c.source})")
             elif p is not None and not (c and c.points):
                 targets[j.job_id] = (None, 0)
-                reasons[j.job_id] = f"wait: probe needs {p} nodes, {max(cap.values(), default=0)} free"
+                reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: probe needs {p} nodes, "
+                                                            f"{max(cap.values(), default=0)} free")
             else:
                 rest.append(j)
         free_jobs = rest
@@ -110,7 +116,8 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         notes.extend(bf_notes)
         for j in free_jobs:
             n = len(chosen.get(j.job_id, ()))
-            reasons[j.job_id] = ("wait: BFTrainer's MILP gave it no nodes" if n == 0 and j.size == 0
+            reasons[j.job_id] = ((ReasonCode.SOLVER, "wait: BFTrainer's MILP gave it no nodes")
+                                 if n == 0 and j.size == 0
                                  else _reason(j, n, curves.get(j.job_id), config, Problem((), {})))
     else:
         problem = _problem(free_jobs, curves, cap, config, pool)
@@ -143,7 +150,7 @@ def _best_type(cap: Counter) -> str | None:
 def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter,
              cfg: CoreConfig, pool: Mapping[str, Node]) -> Problem:
     choices = []
-    types = tuple(sorted(t for t in cap if cap[t] > 0)) or tuple(sorted(cap)) or ("gpu",)
+    types = tuple(sorted(t for t in cap if cap[t] > 0)) or tuple(sorted(cap)) or (DEFAULT_NODE_TYPE,)
     for j in jobs:
         curve = curves.get(j.job_id)
         spec = j.spec
@@ -157,10 +164,10 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         opts = job_values(sizes, j.size, cfg.horizon_s, spec.rescale_up_s,
                           spec.rescale_down_s, rate)
         choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
-    return Problem(tuple(choices), {t: max(0, c) for t, c in cap.items()} or {"gpu": 0})
+    return Problem(tuple(choices), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
 
 
-def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem: Problem) -> str:
+def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem: Problem) -> Reason:
     c = job.size
     src = curve.source if curve is not None else "no curve"
     rate = curve.mean if curve is not None else (lambda k: 0.0)
@@ -168,19 +175,20 @@ def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem
         if n == 0:
             feasible = [o for ch in problem.jobs if ch.job_id == job.job_id for o in ch.options if o.size]
             if not feasible:
-                return (f"wait: fewer free nodes than min_nodes={job.spec.min_nodes}")
-            return "wait: the idle nodes are worth more to other jobs"
-        return f"keep {n}: no change beats the current size ({rate(n):.1f} samples/s, {src})"
+                return ReasonCode.TOO_FEW_NODES, f"wait: fewer free nodes than min_nodes={job.spec.min_nodes}"
+            return ReasonCode.OUTBID, "wait: the idle nodes are worth more to other jobs"
+        return (ReasonCode.BEST_AS_IS,
+                f"keep {n}: no change beats the current size ({rate(n):.1f} samples/s, {src})")
     if c == 0:
-        return f"start on {n}: predicted {rate(n):.1f} samples/s ({src})"
+        return ReasonCode.GAIN, f"start on {n}: predicted {rate(n):.1f} samples/s ({src})"
     if n == 0:
-        return (f"stop ({c}→0): its nodes yield more elsewhere over the {cfg.horizon_s:g}s "
-                f"horizon, or fewer than min_nodes={job.spec.min_nodes} remain")
+        return (ReasonCode.YIELD, f"stop ({c}→0): its nodes yield more elsewhere over the "
+                f"{cfg.horizon_s:g}s horizon, or fewer than min_nodes={job.spec.min_nodes} remain")
     if n > c:
-        return (f"grow {c}→{n}: +{rate(n) - rate(c):.1f} samples/s over {cfg.horizon_s:g}s "
-                f"outweighs the {job.spec.rescale_up_s:g}s pause ({src})")
-    return (f"shrink {c}→{n}: loses {rate(c) - rate(n):.1f} samples/s but the nodes yield "
-            f"more elsewhere or are gone ({src})")
+        return (ReasonCode.GAIN, f"grow {c}→{n}: +{rate(n) - rate(c):.1f} samples/s over "
+                f"{cfg.horizon_s:g}s outweighs the {job.spec.rescale_up_s:g}s pause ({src})")
+    return (ReasonCode.YIELD, f"shrink {c}→{n}: loses {rate(c) - rate(n):.1f} samples/s but the "
+            f"nodes yield more elsewhere or are gone ({src})")
 
 
 def _static(jobs: Sequence[JobState], cap: Counter, cfg: CoreConfig,
@@ -192,7 +200,7 @@ def _static(jobs: Sequence[JobState], cap: Counter, cfg: CoreConfig,
             t = j.node_type or _best_type(cap)
             targets[j.job_id] = (t, size)
             cap[t] -= size
-            reasons[j.job_id] = f"keep {size}: static size"
+            reasons[j.job_id] = (ReasonCode.STATIC_SIZE, f"keep {size}: static size")
     for j in jobs:
         if j.job_id in targets:
             continue
@@ -201,13 +209,14 @@ def _static(jobs: Sequence[JobState], cap: Counter, cfg: CoreConfig,
         if not blocked and t is not None and cap[t] >= size:
             targets[j.job_id] = (t, size)
             cap[t] -= size
-            reasons[j.job_id] = (f"start on {size}: static size, FIFO" if not j.nodes else
+            reasons[j.job_id] = (ReasonCode.STATIC_SIZE,
+                                 f"start on {size}: static size, FIFO" if not j.nodes else
                                  f"restart on {size}: static size")
         else:
             blocked = True  # strict FIFO: later jobs wait behind the head
             targets[j.job_id] = (None, 0)
-            reasons[j.job_id] = (f"stop: below its static size {size}" if j.nodes else
-                                 f"wait: FIFO, needs {size} free nodes")
+            reasons[j.job_id] = ((ReasonCode.STATIC_SIZE, f"stop: below its static size {size}")
+                                 if j.nodes else (ReasonCode.FIFO, f"wait: FIFO, needs {size} free nodes"))
 
 
 def _bftrainer(snapshot: Snapshot, jobs: Sequence[JobState], free_jobs: Sequence[JobState],
@@ -231,7 +240,7 @@ def _bftrainer(snapshot: Snapshot, jobs: Sequence[JobState], free_jobs: Sequence
 
 
 def _actions(jobs: Sequence[JobState], alloc: Mapping[str, tuple[str, ...]],
-             reasons: Mapping[str, str]) -> tuple[Action, ...]:
+             reasons: Mapping[str, Reason]) -> tuple[Action, ...]:
     acts = []
     for j in jobs:
         new = alloc.get(j.job_id, ())
@@ -250,5 +259,6 @@ def _actions(jobs: Sequence[JobState], alloc: Mapping[str, tuple[str, ...]],
             kind = ActionKind.SHRINK
         else:  # old nodes vanished from the pool and new ones were added
             kind = ActionKind.GROW if len(new) > len(old) else ActionKind.SHRINK
-        acts.append(Action(j.job_id, kind, old, tuple(new), reasons.get(j.job_id, "")))
+        code, detail = reasons.get(j.job_id, (ReasonCode.SOLVER, ""))
+        acts.append(Action(j.job_id, kind, old, tuple(new), detail, code))
     return tuple(acts)

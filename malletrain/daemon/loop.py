@@ -1,33 +1,34 @@
 """``malletrain daemon``: the service loop on a login node.
 
-Each interval: observe Slurm (idle nodes, windows, malleable jobs, progress
-files) → decide → reconcile → apply, through the same :func:`run_cycle` that
-replay uses.  Around it: state in sqlite (re-adopted on start), JSON logs,
-a Prometheus endpoint, sd_notify, SIGHUP reload (the old config stays on
-error), SIGTERM stops after the current cycle without touching any job.
+Each interval: observe Slurm (idle nodes, windows, malleable jobs) → read the
+jobs' progress files (the metrics source) → decide → reconcile → apply,
+through the same :func:`run_cycle` that replay uses.  Around it: state in
+sqlite (re-adopted on start; the JPA is seeded from the stored samples), JSON
+logs, a Prometheus endpoint, sd_notify, SIGHUP reload (the old config stays
+on error), SIGTERM stops after the current cycle without touching any job.
 A Slurm outage (commands failing or timing out) is logged once, counted and
 waited out; the loop never dies of it.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import threading
 import time
-from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
-from malletrain.domain.config import Config, load_config
-from malletrain.core.cycle import CycleMemo, CycleResult, PlanError, run_cycle
-from malletrain.domain.errors import BackendError, ConfigError
-from malletrain.domain.model import ActionKind, Plan
+from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
-from malletrain.daemon.progress import ProgressTail
-from malletrain.daemon.service import Metrics, Notifier, serve_metrics
+from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
+from malletrain.daemon.progress import ProgressSource, ProgressTail
+from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics
+from malletrain.daemon.status import (Counters, CycleStats, DaemonStatus, JobStatus, Measured,
+                                      write_status)
 from malletrain.daemon.store import Store
-from malletrain.core.backend import Observation
+from malletrain.domain.config import Config, load_config
+from malletrain.domain.errors import BackendError, ConfigError, PlanError
+from malletrain.domain.model import Action, ActionKind, Plan
 from malletrain.slurm.adapter import SlurmBackend
 from malletrain.slurm.parse import Phase
 from malletrain.slurm.runner import Runner
@@ -50,32 +51,22 @@ def make_runner(cfg: Config) -> Runner:
                   retries=s.retries, backoff_s=s.backoff_s)
 
 
-class _Recording:
-    """Wraps the backend: persists samples and progress offsets as they arrive."""
+class _Journal:
+    """The backend, with every change written to the store before it is applied (for ``explain``)."""
 
-    def __init__(self, daemon: "Daemon") -> None:
-        self.d = daemon
+    def __init__(self, backend: Backend, store: Store, clock: Callable[[], float]) -> None:
+        self.backend, self.store, self.clock = backend, store, clock
+        self.cycle = 0
+        self.last: Observation | None = None
 
     def observe(self) -> Observation:
-        d = self.d
-        obs = d.backend.observe()
-        d.store.add_samples(obs.samples)
-        tails = d.tail.dump()
-        if tails != d.saved_tails:     # offsets moved: persist them
-            d.store.put("tails", tails)
-            d.saved_tails = tails
-        for s in obs.samples:
-            d.measured[s.job_id] = (s.nodes, s.samples_per_s, s.t_s)
-        if d.restored:
-            obs = replace(obs, samples=tuple(d.restored) + obs.samples)
-            d.restored = []
-        d.last_obs = obs
-        return obs
+        self.last = self.backend.observe()
+        return self.last
 
-    def apply(self, actions) -> None:
+    def apply(self, actions: Sequence[Action]) -> None:
         changes = [a for a in actions if a.kind not in (ActionKind.KEEP, ActionKind.WAIT)]
-        self.d.store.add_actions(self.d.clock(), self.d.cycle, changes)
-        self.d.backend.apply(actions)
+        self.store.add_actions(self.clock(), self.cycle, changes)
+        self.backend.apply(actions)
 
 
 class Daemon:
@@ -90,28 +81,27 @@ class Daemon:
         self.store = Store(os.path.join(dc.state_dir, "state.db"))
         self.runner = runner or make_runner(self.config)
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes)
-        self.saved_tails = self.store.get("tails", {})
-        self.tail.load(self.saved_tails)
+        self.tail.load(self.store.get("tails", {}))
+        self.progress = ProgressSource(self.tail, self.store)
         books = self.store.books()
-        self.backend = SlurmBackend(self.runner, self.config.slurm, dc, tail=self.tail, clock=clock,
+        self.backend = SlurmBackend(self.runner, self.config.slurm, dc, clock=clock,
                                     save_book=self.store.save_book, books=books)
+        self.journal = _Journal(self.backend, self.store, clock)
         self.source = CurveSource(self.config.core)
-        self.restored = self.store.samples()
+        restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
         self.memo = CycleMemo()
         self.plan: Plan | None = None
-        self.last_obs: Observation | None = None
-        self.measured: dict[str, tuple] = {}
-        self.reasons: dict[str, str] = {}
+        self.reasons: dict[str, Action] = {}
+        self.last_cycle: CycleStats | None = None
         self.slurm_down_since: float | None = None
-        self.metrics = Metrics()
-        self._describe()
+        self.metrics = DaemonMetrics()
         self.notifier = Notifier()
         self._wake = threading.Event()
         self._stop = False
         self._reload = False
         log.info("state %s: %d job book(s), %d JPA sample(s) restored; adopting jobs from Slurm",
-                 self.store.path, len(books), len(self.restored))
+                 self.store.path, len(books), restored)
 
     # ------------------------------------------------------------ one cycle
     def cycle_once(self) -> CycleResult | None:
@@ -123,9 +113,10 @@ class Daemon:
         self.runner.stats.take()
         result = None
         try:
-            result = run_cycle(_Recording(self), self.source, self.config.core, self.plan, self.memo)
+            self.journal.cycle = self.cycle
+            result = run_cycle(self.journal, self.progress, self.source, self.config.core, self.memo)
         except BackendError as exc:
-            self.metrics.inc("malletrain_cycle_errors_total", kind="slurm")
+            self.metrics.cycle_errors.labels(kind="slurm").inc()
             if self.slurm_down_since is None:
                 self.slurm_down_since = self.clock()
                 log.error("Slurm is unreachable, waiting for it (jobs are left as they are): %s", exc)
@@ -133,7 +124,7 @@ class Daemon:
                 log.warning("Slurm still unreachable after %.0fs: %s",
                             self.clock() - self.slurm_down_since, exc)
         except PlanError as exc:
-            self.metrics.inc("malletrain_cycle_errors_total", kind="plan")
+            self.metrics.cycle_errors.labels(kind="plan").inc()
             log.error("plan rejected, nothing applied: %s", exc)
         else:
             if self.slurm_down_since is not None:
@@ -141,7 +132,9 @@ class Daemon:
                 self.slurm_down_since = None
             self.plan = result.plan
             for a in result.plan.actions:
-                self.reasons[a.job_id] = a.reason
+                self.reasons[a.job_id] = a
+            for a in result.actions:
+                self.metrics.decisions.labels(code=a.code.value).inc()
         reads, writes, lat = self.runner.stats.take()
         cycle_s = time.perf_counter() - t0
         self._export(result, reads, writes, lat, cycle_s)
@@ -191,7 +184,7 @@ class Daemon:
             new = check_config(load_config(self.config_path), self.config_path)
         except ConfigError as exc:
             log.error("reload failed, keeping the running config: %s", exc)
-            self.metrics.inc("malletrain_reload_failures_total")
+            self.metrics.reload_failures.inc()
             return
         if (new.daemon.metrics_port, new.daemon.state_dir) != (self.config.daemon.metrics_port,
                                                                self.config.daemon.state_dir):
@@ -206,91 +199,66 @@ class Daemon:
         log.info("config reloaded from %s", self.config_path)
 
     # ------------------------------------------------------------ outputs
-    def _describe(self) -> None:
-        m = self.metrics
-        for name, kind, text in [
-            ("malletrain_idle_nodes", "gauge", "Harvestable idle nodes seen by the last cycle"),
-            ("malletrain_allocated_nodes", "gauge", "Nodes malleable jobs hold"),
-            ("malletrain_jobs", "gauge", "Malleable jobs by state"),
-            ("malletrain_preemptions_total", "counter", "Malleable jobs requeued by Slurm"),
-            ("malletrain_rescales_total", "counter", "Grow/shrink operations applied"),
-            ("malletrain_starts_total", "counter", "Jobs started by the daemon"),
-            ("malletrain_stops_total", "counter", "Jobs stopped by the daemon"),
-            ("malletrain_vacates_total", "counter", "Proactive vacates before a primary job's start"),
-            ("malletrain_decision_seconds", "summary", "decide() latency"),
-            ("malletrain_cycle_seconds", "summary", "Whole cycle latency"),
-            ("malletrain_slurm_command_seconds", "summary", "Slurm command latency"),
-            ("malletrain_slurm_commands_last_cycle", "gauge", "Slurm commands in the last cycle"),
-            ("malletrain_slurm_up", "gauge", "1 when the last cycle reached Slurm"),
-            ("malletrain_cycle_errors_total", "counter", "Cycles that failed"),
-            ("malletrain_progress_lines_skipped_total", "counter", "Malformed or oversized progress lines"),
-        ]:
-            m.describe(name, kind, text)
-
-    def _export(self, result, reads, writes, lat, cycle_s) -> None:
+    def _export(self, result: CycleResult | None, reads: int, writes: int,
+                lat: list[tuple[str, float, str]], cycle_s: float) -> None:
         m, b = self.metrics, self.backend
-        m.set("malletrain_slurm_up", 0 if self.slurm_down_since is not None else 1)
-        m.set("malletrain_slurm_commands_last_cycle", reads, kind="read")
-        m.set("malletrain_slurm_commands_last_cycle", writes, kind="write")
+        m.slurm_up.set(0 if self.slurm_down_since is not None else 1)
+        m.commands_last_cycle.labels(kind="read").set(reads)
+        m.commands_last_cycle.labels(kind="write").set(writes)
         for cmd, secs, _kind in lat:
-            m.observe("malletrain_slurm_command_seconds", secs, command=cmd)
-        m.observe("malletrain_cycle_seconds", cycle_s)
+            m.command_seconds.labels(command=cmd).observe(secs)
+        m.cycle_seconds.observe(cycle_s)
         if result is not None and not result.reused:
-            m.observe("malletrain_decision_seconds", result.decision_ms / 1000.0)
-        m.set("malletrain_idle_nodes", b.idle_nodes)
-        m.set("malletrain_allocated_nodes", sum(len(r.nodes) for r in b.records.values()
-                                                if r.phase is Phase.RUNNING))
+            m.decision_seconds.observe(result.decision_ms / 1000.0)
+        m.idle_nodes.set(b.idle_nodes)
+        m.allocated_nodes.set(sum(len(r.nodes) for r in b.records.values() if r.phase is Phase.RUNNING))
         for phase in Phase:
-            m.set("malletrain_jobs", sum(1 for r in b.records.values() if r.phase is phase),
-                  state=phase.value)
+            m.jobs.labels(state=phase.value).set(sum(1 for r in b.records.values() if r.phase is phase))
         e = b.events
         for name, value in (("preemptions", e.preemptions), ("rescales", e.rescales),
                             ("starts", e.starts), ("stops", e.stops), ("vacates", e.vacates)):
-            m.set(f"malletrain_{name}_total", value)
+            m.advance(name, value)
         c = self.tail.counters
-        m.set("malletrain_progress_lines_skipped_total", c.bad + c.oversized)
-        self.last_cycle = dict(reads=reads, writes=writes, cycle_s=cycle_s,
-                               decision_ms=result.decision_ms if result else None,
-                               reused=bool(result and result.reused))
+        m.advance("progress_lines_skipped", c.bad + c.oversized)
+        self.last_cycle = CycleStats(reads, writes, cycle_s, result.decision_ms if result else None,
+                                     bool(result and result.reused))
 
-    def _write_status(self, result: CycleResult | None) -> None:
+    def status(self) -> DaemonStatus:
+        """What ``status.json`` says after this cycle."""
         b = self.backend
-        curves = self.source.curves(self.last_obs.snapshot) if self.last_obs else {}
+        last = self.journal.last
+        curves = self.source.curves(last.snapshot) if last else {}
         jobs = []
         for jid, r in sorted(b.records.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
             tag = b.tags.get(jid)
             size = len(r.nodes) if r.phase is Phase.RUNNING else 0
             curve = curves.get(jid)
-            meas = self.measured.get(jid)
+            meas = self.progress.latest.get(jid)
             hist = self.store.history(jid, 5)
-            jobs.append(dict(
+            why = self.reasons.get(jid)
+            jobs.append(JobStatus(
                 job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
-                slurm_reason=r.reason, nodes=list(r.nodes) if size else [], size=size,
+                slurm_reason=r.reason, nodes=tuple(r.nodes) if size else (), size=size,
                 min_nodes=tag.min_nodes if tag else None, max_nodes=tag.max_nodes if tag else None,
                 profile=tag.profile if tag else "",
-                measured=dict(nodes=meas[0], samples_per_s=meas[1], t=meas[2]) if meas else None,
+                measured=Measured(meas.nodes, meas.samples_per_s, meas.t_s) if meas else None,
                 predicted=curve.mean(size) if curve and size else None,
                 curve_source=curve.source if curve else None,
                 curve={str(n): round(p.mean, 3) for n, p in sorted(curve.points.items())} if curve else {},
                 probe=curve.probe if curve else None,
-                reason=self.reasons.get(jid, ""),
-                last_action=hist[-1] if hist else None,
-                history=hist))
-        e = b.events
-        status = dict(
+                reason=why.reason if why else "", reason_code=why.code.value if why else "",
+                last_action=hist[-1] if hist else None, history=tuple(hist)))
+        e, tc = b.events, self.tail.counters
+        return DaemonStatus(
             t=self.clock(), cycle=self.cycle, slurm_up=self.slurm_down_since is None,
             interval_s=self.config.daemon.interval_s, partition=self.config.slurm.partition,
-            idle_nodes=b.idle_nodes, vacating=sorted(b.vacating),
-            counters=dict(preemptions=e.preemptions, rescales=e.rescales, starts=e.starts,
-                          stops=e.stops, vacates=e.vacates, failed_actions=e.failed_actions,
-                          progress_lines=self.tail.counters.lines,
-                          progress_lines_skipped=self.tail.counters.bad + self.tail.counters.oversized,
-                          slurm_reads=self.runner.stats.total_reads,
-                          slurm_writes=self.runner.stats.total_writes),
-            last_cycle=getattr(self, "last_cycle", {}), jobs=jobs)
-        path = os.path.join(self.config.daemon.state_dir, "status.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(status, fh, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+            idle_nodes=b.idle_nodes, vacating=tuple(sorted(b.vacating)),
+            counters=Counters(preemptions=e.preemptions, rescales=e.rescales, starts=e.starts,
+                              stops=e.stops, vacates=e.vacates, failed_actions=e.failed_actions,
+                              progress_lines=tc.lines, progress_lines_skipped=tc.bad + tc.oversized,
+                              slurm_reads=self.runner.stats.total_reads,
+                              slurm_writes=self.runner.stats.total_writes),
+            last_cycle=self.last_cycle, jobs=tuple(jobs))
+
+    def _write_status(self, result: CycleResult | None) -> None:
+        write_status(os.path.join(self.config.daemon.state_dir, "status.json"), self.status())

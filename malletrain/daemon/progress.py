@@ -1,4 +1,4 @@
-"""Live JPA input: tail the progress files jobs append to.
+"""Live JPA input: tail the progress files jobs append to (the daemon's metrics source).
 
 A job appends JSON lines to the file named by ``MALLETRAIN_METRICS``::
 
@@ -20,8 +20,10 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from typing import Iterable, Protocol
 
-from malletrain.jpa.advisor import Sample
+from malletrain.core.backend import Observation
+from malletrain.domain.model import Sample
 
 log = logging.getLogger("malletrain.progress")
 
@@ -133,3 +135,49 @@ class ProgressTail:
     def load(self, data: dict) -> None:
         for p, (offset, inode, last) in data.items():
             self.files[p] = TailState(int(offset), int(inode), tuple(last) if last else None)
+
+
+class ProgressSource:
+    """The daemon's metrics source: each observed job's progress file → samples.
+
+    Reads the file the job's tag names (:class:`JobFacts.progress_path`),
+    forgets the files of jobs that left, keeps the newest sample per job (for
+    ``status``) and hands every new sample and the moved offsets to ``journal``
+    (the store), so a restart neither re-reads nor loses anything.
+    """
+
+    def __init__(self, tail: ProgressTail, journal: SampleJournal | None = None) -> None:
+        self.tail = tail
+        self.journal = journal
+        self.latest: dict[str, Sample] = {}
+        self._paths: dict[str, str] = {}
+        self._saved = tail.dump()
+
+    def poll(self, observation: Observation) -> tuple[Sample, ...]:
+        for job in observation.finished:
+            path = self._paths.pop(job, None)
+            if path is not None:
+                self.tail.forget(path)
+            self.latest.pop(job, None)
+        out: list[Sample] = []
+        for job, facts in observation.facts.items():
+            if facts.progress_path:
+                self._paths[job] = facts.progress_path
+                out += self.tail.poll(job, facts.progress_path)
+        for s in out:
+            self.latest[s.job_id] = s
+        if self.journal is not None:
+            self.journal.add_samples(out)
+            offsets = self.tail.dump()
+            if offsets != self._saved:     # offsets moved: persist them
+                self.journal.put("tails", offsets)
+                self._saved = offsets
+        return tuple(out)
+
+
+class SampleJournal(Protocol):
+    """Where :class:`ProgressSource` persists samples and file offsets (the store)."""
+
+    def add_samples(self, samples: Iterable[Sample]) -> None: ...
+
+    def put(self, key: str, value: object) -> None: ...

@@ -1,15 +1,19 @@
-"""What a service needs around the cycle: JSON logs, a Prometheus endpoint,
-and systemd's notify protocol (READY / WATCHDOG / STOPPING / STATUS)."""
+"""What a service needs around the cycle: JSON logs, a Prometheus endpoint
+(``prometheus-client``), and systemd's notify protocol (READY / WATCHDOG /
+STOPPING / STATUS).
+
+Kept hand-written, on purpose: the JSON log formatter (a dozen lines; the
+libraries for it add a dependency for no gain) and sd_notify (one datagram on
+a Unix socket; ``python-systemd`` needs libsystemd headers to build).
+"""
 from __future__ import annotations
 
 import json
 import logging
 import os
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Any, Callable
 
 _EXTRA = ("cycle", "job", "action", "reason", "command", "rc")
 
@@ -57,67 +61,61 @@ def setup_logging(fmt: str, level: int = logging.INFO) -> CycleFilter:
 
 # ---------------------------------------------------------------- Prometheus
 
-class Metrics:
-    """A tiny registry rendered in the Prometheus text format (0.0.4)."""
+class DaemonMetrics:
+    """The daemon's Prometheus metrics (``prometheus-client``, its own registry).
+
+    Names are those of earlier releases: counters end in ``_total``, latencies
+    are summaries (``_sum``/``_count``); prometheus-client adds ``_created``.
+    ``malletrain_decisions_total{code}`` counts applied changes by reason code.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[tuple[str, tuple], float] = {}
-        self._help: dict[str, tuple[str, str]] = {}
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.idle_nodes = Gauge("malletrain_idle_nodes", "Harvestable idle nodes seen by the last cycle",
+                                registry=r)
+        self.allocated_nodes = Gauge("malletrain_allocated_nodes", "Nodes malleable jobs hold", registry=r)
+        self.jobs = Gauge("malletrain_jobs", "Malleable jobs by state", ["state"], registry=r)
+        self.events = {name: Counter(f"malletrain_{name}_total", text, registry=r) for name, text in (
+            ("preemptions", "Malleable jobs requeued by Slurm"),
+            ("rescales", "Grow/shrink operations applied"),
+            ("starts", "Jobs started by the daemon"),
+            ("stops", "Jobs stopped by the daemon"),
+            ("vacates", "Proactive vacates before a primary job's start"))}
+        self.decisions = Counter("malletrain_decisions_total", "Applied changes by reason code", ["code"],
+                                 registry=r)
+        self.decision_seconds = Summary("malletrain_decision_seconds", "decide() latency", registry=r)
+        self.cycle_seconds = Summary("malletrain_cycle_seconds", "Whole cycle latency", registry=r)
+        self.command_seconds = Summary("malletrain_slurm_command_seconds", "Slurm command latency",
+                                       ["command"], registry=r)
+        self.commands_last_cycle = Gauge("malletrain_slurm_commands_last_cycle",
+                                         "Slurm commands in the last cycle", ["kind"], registry=r)
+        self.slurm_up = Gauge("malletrain_slurm_up", "1 when the last cycle reached Slurm", registry=r)
+        self.cycle_errors = Counter("malletrain_cycle_errors_total", "Cycles that failed", ["kind"],
+                                    registry=r)
+        self.reload_failures = Counter("malletrain_reload_failures_total",
+                                       "Config reloads rejected (the old config stays)", registry=r)
+        self.progress_skipped = Counter("malletrain_progress_lines_skipped_total",
+                                        "Malformed or oversized progress lines", registry=r)
+        self._seen: dict[str, float] = {}
 
-    def describe(self, name: str, kind: str, text: str) -> None:
-        self._help[name] = (kind, text)
-
-    def set(self, name: str, value: float, **labels: str) -> None:
-        with self._lock:
-            self._values[(name, tuple(sorted(labels.items())))] = float(value)
-
-    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + value
-
-    def observe(self, name: str, seconds: float, **labels: str) -> None:
-        """A summary without quantiles: _sum and _count."""
-        self.inc(name + "_sum", seconds, **labels)
-        self.inc(name + "_count", 1, **labels)
+    def advance(self, name: str, total: float) -> None:
+        """Move a counter to a cumulative ``total`` kept elsewhere (it only ever grows)."""
+        counter = self.events.get(name) or self.progress_skipped
+        delta = total - self._seen.get(name, 0.0)
+        if delta > 0:
+            counter.inc(delta)
+            self._seen[name] = total
 
     def render(self) -> str:
-        with self._lock:
-            items = sorted(self._values.items())
-        lines, said = [], set()
-        for (name, labels), value in items:
-            base = name.removesuffix("_sum").removesuffix("_count")
-            if base in self._help and base not in said:
-                kind, text = self._help[base]
-                lines += [f"# HELP {base} {text}", f"# TYPE {base} {kind}"]
-                said.add(base)
-            lab = ",".join(f'{k}="{v}"' for k, v in labels)
-            lines.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
-        return "\n".join(lines) + "\n"
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry).decode()
 
 
-def serve_metrics(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve ``/metrics`` on host:port in a daemon thread; returns the server."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:   # noqa: N802 (http.server API)
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404)
-                return
-            body = metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+def serve_metrics(metrics: DaemonMetrics, host: str, port: int) -> Any:
+    """Serve ``/metrics`` on host:port from a daemon thread; returns the server (``shutdown()``)."""
+    from prometheus_client import start_http_server
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
     return server
 
 

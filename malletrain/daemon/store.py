@@ -14,15 +14,15 @@ import sqlite3
 from dataclasses import asdict
 from typing import Iterable
 
-from malletrain.jpa.advisor import Sample
-from malletrain.domain.model import Action
+from malletrain.daemon.status import Change
+from malletrain.domain.model import Action, Sample
 from malletrain.slurm.adapter import Book
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS books (job TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (job TEXT, nodes INTEGER, rate REAL, t REAL);
 CREATE TABLE IF NOT EXISTS actions (t REAL, cycle INTEGER, job TEXT, kind TEXT,
-                                    from_nodes TEXT, to_nodes TEXT, reason TEXT);
+                                    from_nodes TEXT, to_nodes TEXT, reason TEXT, code TEXT);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS samples_job ON samples(job);
 CREATE INDEX IF NOT EXISTS actions_job ON actions(job);
@@ -37,6 +37,9 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        cols = {row[1] for row in self.db.execute("PRAGMA table_info(actions)")}
+        if "code" not in cols:     # a state.db from before reason codes
+            self.db.execute("ALTER TABLE actions ADD COLUMN code TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -72,16 +75,16 @@ class Store:
     # actions
     def add_actions(self, t: float, cycle: int, actions: Iterable[Action]) -> None:
         rows = [(t, cycle, a.job_id, a.kind.value, ",".join(a.from_nodes), ",".join(a.to_nodes),
-                 a.reason) for a in actions]
+                 a.reason, a.code.value) for a in actions]
         if rows:
             with self.db:
-                self.db.executemany("INSERT INTO actions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                self.db.executemany("INSERT INTO actions (t, cycle, job, kind, from_nodes, to_nodes, "
+                                    "reason, code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
-    def history(self, job: str, limit: int = 10) -> list[dict]:
-        rows = self.db.execute("SELECT t, cycle, kind, from_nodes, to_nodes, reason FROM actions "
+    def history(self, job: str, limit: int = 10) -> list[Change]:
+        rows = self.db.execute("SELECT t, cycle, kind, from_nodes, to_nodes, reason, code FROM actions "
                                "WHERE job=? ORDER BY t DESC LIMIT ?", (job, limit)).fetchall()
-        return [dict(t=t, cycle=c, kind=k, from_nodes=f, to_nodes=to, reason=r)
-                for t, c, k, f, to, r in reversed(rows)]
+        return [Change(t, c, k, f, to, r, code or "") for t, c, k, f, to, r, code in reversed(rows)]
 
     # key/value
     def put(self, key: str, value) -> None:

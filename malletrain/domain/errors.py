@@ -44,6 +44,10 @@ class SolverError(MalletrainError):
     """The optimisation solver failed in a way the caller must handle."""
 
 
+class PlanError(MalletrainError):
+    """A plan violates an invariant; it is never applied."""
+
+
 class BackendError(MalletrainError):
     """A backend (Slurm, simulator) command failed."""
 

@@ -31,6 +31,28 @@ def interpolate(counts: Sequence[int], values: Sequence[float], n: float) -> flo
     return values[i - 1] * (1 - w) + values[i] * w
 
 
+class ReasonCode(enum.Enum):
+    """Why a job got its size this cycle: the countable part of a reason.
+
+    Every :class:`Action` carries one code and a human-readable detail (the
+    numbers behind it); ``explain`` prints both, metrics count by code.
+    """
+
+    RESCALE_PAUSE = "rescale-pause"      # keep: a rescale is still in progress
+    MIN_DWELL = "min-dwell"              # keep: changed less than min_dwell_s ago
+    MEASURING = "measuring"              # keep: the JPA is measuring this count
+    PROBE = "probe"                      # start/resize to a count the JPA has not measured
+    PROBE_WAIT = "probe-wait"            # wait: too few free nodes for the probe
+    BEST_AS_IS = "best-as-is"            # keep: no change beats the current size
+    GAIN = "gain"                        # start/grow: predicted gain outweighs the pause
+    YIELD = "yield"                      # stop/shrink: the nodes are worth more elsewhere or gone
+    OUTBID = "outbid"                    # wait: the idle nodes are worth more to other jobs
+    TOO_FEW_NODES = "too-few-nodes"      # wait: fewer free nodes than min_nodes
+    STATIC_SIZE = "static-size"          # static policy: fixed size
+    FIFO = "fifo"                        # static policy: waits behind the head of the queue
+    SOLVER = "solver"                    # the per-node MILP decided (bftrainer)
+
+
 class ActionKind(enum.Enum):
     """What the plan does to one malleable job this cycle."""
 
@@ -100,6 +122,16 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One throughput measurement a job reported: the JPA's input."""
+
+    job_id: str
+    nodes: int
+    samples_per_s: float
+    t_s: float
+
+
+@dataclass(frozen=True)
 class CurvePoint:
     mean: float
     low: float
@@ -131,13 +163,14 @@ class Curve:
 
 @dataclass(frozen=True)
 class Action:
-    """One job's change this cycle, with the reason an operator can read."""
+    """One job's change this cycle, with the reason: a code and the detail an operator reads."""
 
     job_id: str
     kind: ActionKind
     from_nodes: tuple[str, ...]
     to_nodes: tuple[str, ...]
     reason: str
+    code: ReasonCode
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Decisions happen at every node event (events at one instant are batched),
 job arrival and completion, and at least every ``interval_s``; each one is
-the shared :func:`malletrain.cycle.run_cycle` against :class:`slurm.sim.SimCluster`.
+the shared :func:`malletrain.core.cycle.run_cycle` against :class:`malletrain.replay.sim.SimCluster`.
 Results go to ``OUT/summary.json``, ``OUT/timeline.csv`` and PNG plots,
 written to a temporary directory first and moved into place at the end, so a
 failed run leaves nothing half-written.
@@ -29,6 +29,8 @@ from malletrain.core.curves import CurveSource
 from malletrain.replay.traces import NodeTrace
 from malletrain.replay.workload import WorkloadJob
 from malletrain.replay.sim import SimCluster
+from malletrain.replay.summary import ReplaySummary, write_summary
+from malletrain.domain.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class ReplayOptions:
 
 @dataclass
 class ReplayResult:
-    summary: dict
+    summary: ReplaySummary
     timeline: list[tuple]
     progress: dict[str, list[tuple[float, float]]]
     jobs: list[dict]
@@ -186,7 +188,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 sim.report_samples()
                 next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval
             if sim.jobs:
-                res = run_cycle(sim, source, core, plan, memo)
+                res = run_cycle(sim, sim, source, core, memo)
                 plan = res.plan
                 if res.reused:
                     reused += 1
@@ -202,12 +204,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
         _record(sim, sim.now, timeline, progress)
     finally:
         bar.close()
-    result = _result(trace, order, sim, source, opts, decision_ms, timeline, progress, specs, works,
-                     time.perf_counter() - wall0)
-    result.summary["decisions_reused"] = reused
-    result.summary["solver_notes"] = len(notes)          # timeouts, fallbacks, kept plans
-    result.summary["solver_notes_first"] = notes[:5]
-    return result
+    return _result(trace, order, sim, source, opts, decision_ms, reused, notes, timeline, progress,
+                   specs, works, time.perf_counter() - wall0)
 
 
 def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
@@ -222,15 +220,8 @@ def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
             series.append((t, frac))
 
 
-def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..1); 0 for no data."""
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
-def _result(trace, order, sim, source, opts, decision_ms, timeline, progress, specs, works, wall_s):
+def _result(trace, order, sim, source, opts, decision_ms, reused, notes, timeline, progress, specs, works,
+            wall_s) -> ReplayResult:
     c = sim.counters
     idle = idle_node_seconds(trace, order)
     jobs = []
@@ -240,35 +231,38 @@ def _result(trace, order, sim, source, opts, decision_ms, timeline, progress, sp
                      "completed_at_s": (j.completed_at - trace.start_s) if j and j.completed_at else None,
                      "preemptions": j.preemptions if j else 0, "rescales": j.rescales if j else 0})
     useful = sum(x["done"] for x in jobs)
-    summary = {
-        "policy": opts.core.policy,
-        "trace_span_s": trace.end_s - trace.start_s,
-        "nodes": len(trace.nodes),
-        "events": trace.n_events,
-        "idle_node_s": idle,
-        "allocated_node_s": c.allocated_node_s,
-        "harvested_fraction": c.allocated_node_s / idle if idle > 0 else 0.0,
-        "useful_samples": useful,
-        "lost_samples": c.lost_samples,
-        "rescale_pause_samples": c.pause_samples,
-        "jobs": len(specs),
-        "jobs_completed": len(sim.done_jobs),
-        "rescales": c.rescales,
-        "starts": c.starts,
-        "stops": c.stops,
-        "preemptions": c.preemptions,
-        "decisions": len(decision_ms),   # decide() runs; unchanged cycles: decisions_reused
-        "decision_ms_p50": percentile(decision_ms, 0.50),
-        "decision_ms_p95": percentile(decision_ms, 0.95),
-        "decision_ms_mean": statistics.fmean(decision_ms) if decision_ms else 0.0,
-        "jpa_rejected_samples": source.advisor.rejected,
-        "interval_s": opts.interval_s,
-        "horizon_s": opts.core.horizon_s,
-        "seed": opts.seed,
-        "noise": opts.noise,
-        "max_jobs": opts.max_jobs,
-        "wall_s": wall_s,
-    }
+    summary = ReplaySummary(
+        policy=opts.core.policy,
+        trace_span_s=trace.end_s - trace.start_s,
+        nodes=len(trace.nodes),
+        events=trace.n_events,
+        idle_node_s=idle,
+        allocated_node_s=c.allocated_node_s,
+        harvested_fraction=c.allocated_node_s / idle if idle > 0 else 0.0,
+        useful_samples=useful,
+        lost_samples=c.lost_samples,
+        rescale_pause_samples=c.pause_samples,
+        jobs=len(specs),
+        jobs_completed=len(sim.done_jobs),
+        rescales=c.rescales,
+        starts=c.starts,
+        stops=c.stops,
+        preemptions=c.preemptions,
+        decisions=len(decision_ms),
+        decisions_reused=reused,
+        decision_ms_p50=percentile(decision_ms, 0.50),
+        decision_ms_p95=percentile(decision_ms, 0.95),
+        decision_ms_mean=statistics.fmean(decision_ms) if decision_ms else 0.0,
+        jpa_rejected_samples=source.advisor.rejected,
+        solver_notes=len(notes),
+        solver_notes_first=tuple(notes[:5]),
+        interval_s=opts.interval_s,
+        horizon_s=opts.core.horizon_s,
+        seed=opts.seed,
+        noise=opts.noise,
+        max_jobs=opts.max_jobs,
+        wall_s=wall_s,
+    )
     return ReplayResult(summary, timeline, progress, jobs)
 
 
@@ -279,8 +273,7 @@ def write_outputs(result: ReplayResult, out_dir: str, plots: bool = True) -> Non
     tmp = tempfile.mkdtemp(prefix=".replay-", dir=parent)
     try:
         with open(os.path.join(tmp, "summary.json"), "w") as fh:
-            json.dump(result.summary, fh, indent=2, sort_keys=True)
-            fh.write("\n")
+            write_summary(fh, result.summary)
         with open(os.path.join(tmp, "timeline.csv"), "w") as fh:
             fh.write("time_s,idle_nodes,allocated_nodes,running_jobs,throughput_samples_per_s\n")
             t0 = result.timeline[0][0] if result.timeline else 0.0

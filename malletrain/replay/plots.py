@@ -20,7 +20,7 @@ def plot_nodes(result, path: str) -> None:
         ax.step(x, [r[1] for r in tl], where="post", label="idle nodes (harvestable)", color="#999999")
         ax.step(x, [r[2] for r in tl], where="post", label="allocated to malleable jobs", color="#d62728")
     s = result.summary
-    ax.set_title(f"{s['policy']}: harvested {100 * s['harvested_fraction']:.1f}% of idle node-seconds")
+    ax.set_title(f"{s.policy}: harvested {100 * s.harvested_fraction:.1f}% of idle node-seconds")
     ax.set_xlabel("hours since trace start")
     ax.set_ylabel("nodes")
     ax.legend(loc="upper right")
@@ -36,7 +36,7 @@ def plot_progress(result, path: str) -> None:
         if series:
             ax.plot(_hours([p[0] for p in series], t0), [100 * p[1] for p in series], lw=0.8)
     s = result.summary
-    ax.set_title(f"{s['policy']}: job progress ({s['jobs_completed']}/{s['jobs']} completed"
+    ax.set_title(f"{s.policy}: job progress ({s.jobs_completed}/{s.jobs} completed"
                  + (", first 60 shown" if len(result.progress) > 60 else "") + ")")
     ax.set_xlabel("hours since trace start")
     ax.set_ylabel("% of work done")

@@ -10,7 +10,7 @@ Semantics (issue #2 / DESIGN.md):
   (``rescale_down_s`` at its old rate) is counted as lost work;
 * a job completes when its ``work`` is done.
 The replay driver moves the clock; ``observe``/``apply`` are the backend
-protocol the shared cycle uses.
+protocol and ``poll`` the metrics-source protocol the shared cycle uses.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from malletrain.jpa.advisor import Sample
-from malletrain.domain.model import Action, ActionKind, JobSpec, JobState, Node, Snapshot
-from malletrain.core.backend import Observation
+from malletrain.domain.model import Sample
+from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
+from malletrain.core.backend import JobFacts, Observation
 
 
 @dataclass
@@ -66,7 +66,6 @@ class SimCluster:
         self.noise = noise
         self._samples: list[Sample] = []
         self._finished: list[str] = []
-        self._profiles: dict[str, str] = {}
         self.generation = 0   # bumped by every change decide() could see
 
     # -- clock -----------------------------------------------------------
@@ -141,7 +140,6 @@ class SimCluster:
     def admit(self, spec: JobSpec, truth: Callable[[int], float], work: float) -> None:
         self.generation += 1
         self.jobs[spec.job_id] = SimJob(spec, truth, work)
-        self._profiles[spec.job_id] = spec.profile
 
     def report_samples(self) -> None:
         """Every running, unpaused job reports its current throughput."""
@@ -167,15 +165,20 @@ class SimCluster:
                 assert job.spec.min_nodes <= len(job.nodes) <= job.spec.max_nodes, jid
         assert seen == self.holder, "holder map out of sync with job node lists"
 
-    # -- backend protocol ---------------------------------------------------
+    # -- backend and metrics-source protocols ------------------------------
     def observe(self) -> Observation:
-        jobs = tuple(JobState(j.spec, tuple(j.nodes), "gpu" if j.nodes else None,
+        jobs = tuple(JobState(j.spec, tuple(j.nodes), DEFAULT_NODE_TYPE if j.nodes else None,
                               j.paused_until, j.last_change) for j in self.jobs.values())
+        facts = {jid: JobFacts(j.spec.profile) for jid, j in self.jobs.items()}
         obs = Observation(Snapshot(self.now, tuple(self.pool.values()), jobs),
-                          tuple(self._samples), tuple(self._finished), dict(self._profiles),
-                          self.generation)
-        self._samples, self._finished, self._profiles = [], [], {}
+                          tuple(self._finished), facts, self.generation)
+        self._finished = []
         return obs
+
+    def poll(self, observation: Observation) -> tuple[Sample, ...]:
+        """The samples :meth:`report_samples` collected since the last poll."""
+        out, self._samples = tuple(self._samples), []
+        return out
 
     def apply(self, actions: Sequence[Action]) -> None:
         """Release every node the plan takes away, then hand out new ones."""

@@ -1,0 +1,149 @@
+"""``status.json``: what the daemon tells users and tools after every cycle.
+
+One frozen record (:class:`DaemonStatus`), written atomically by the daemon
+(:func:`write_status`) and read back by ``malletrain status``/``explain``, the
+demo and the tests (:func:`read_status`).  ``schema_version`` changes whenever
+a field is renamed or removed; new optional fields keep the version.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from malletrain.domain.errors import InputError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Measured:
+    nodes: int
+    samples_per_s: float
+    t: float
+
+
+@dataclass(frozen=True)
+class Change:
+    """One applied action, as the store keeps it for ``explain``."""
+
+    t: float
+    cycle: int
+    kind: str
+    from_nodes: str
+    to_nodes: str
+    reason: str
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job: str
+    name: str
+    user: str
+    state: str                      # malletrain's phase (running, held, pending, …)
+    slurm_state: str
+    slurm_reason: str
+    nodes: tuple[str, ...]
+    size: int
+    min_nodes: int | None
+    max_nodes: int | None
+    profile: str
+    measured: Measured | None
+    predicted: float | None
+    curve_source: str | None
+    curve: dict[str, float]
+    probe: int | None
+    reason: str                     # the last decision's detail …
+    reason_code: str                # … and its ReasonCode value
+    last_action: Change | None
+    history: tuple[Change, ...]
+
+
+@dataclass(frozen=True)
+class Counters:
+    preemptions: int = 0
+    rescales: int = 0
+    starts: int = 0
+    stops: int = 0
+    vacates: int = 0
+    failed_actions: int = 0
+    progress_lines: int = 0
+    progress_lines_skipped: int = 0
+    slurm_reads: int = 0
+    slurm_writes: int = 0
+
+
+@dataclass(frozen=True)
+class CycleStats:
+    reads: int
+    writes: int
+    cycle_s: float
+    decision_ms: float | None
+    reused: bool
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    t: float
+    cycle: int
+    slurm_up: bool
+    interval_s: float
+    partition: str
+    idle_nodes: int
+    vacating: tuple[str, ...]
+    counters: Counters
+    last_cycle: CycleStats | None
+    jobs: tuple[JobStatus, ...]
+    schema_version: int = SCHEMA_VERSION
+
+    def job(self, job_id: str) -> JobStatus | None:
+        return next((j for j in self.jobs if j.job == job_id), None)
+
+
+def write_status(path: str, status: DaemonStatus) -> None:
+    """Write ``status`` to ``path`` atomically (temp file, then rename), world-readable."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(asdict(status), fh, indent=1)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def read_status(path: str) -> DaemonStatus:
+    """The status the daemon last wrote; :class:`InputError` when missing, malformed or newer."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise InputError("no status yet: is the daemon running with this state_dir?", path=path) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read status: {exc}", path=path) from None
+    try:
+        return status_from_dict(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"not a malletrain status file: {exc}", path=path) from None
+
+
+def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"schema_version {version!r}, this malletrain reads {SCHEMA_VERSION}")
+
+    def change(d: dict | None) -> Change | None:
+        return None if d is None else _build(Change, d)
+
+    jobs = tuple(_build(JobStatus, dict(
+        j, nodes=tuple(j["nodes"]), measured=None if j["measured"] is None else _build(Measured, j["measured"]),
+        last_action=change(j["last_action"]), history=tuple(_build(Change, h) for h in j["history"])))
+        for j in doc["jobs"])
+    lc = doc["last_cycle"]
+    return _build(DaemonStatus, dict(doc, vacating=tuple(doc["vacating"]), counters=_build(Counters, doc["counters"]),
+                                     last_cycle=None if lc is None else _build(CycleStats, lc), jobs=jobs))
+
+
+def _build(cls: type, d: dict[str, Any]) -> Any:
+    """``cls(**d)`` over the fields ``cls`` knows (a newer writer's extra fields are ignored)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
