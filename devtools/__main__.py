@@ -4,9 +4,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from malletrain.cli.args import positive
 from malletrain.domain.config import POLICIES
 from malletrain.domain.errors import MalletrainError
+
+
+def positive(kind):
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+        return v
+    return conv
 
 
 def build_parser() -> argparse.ArgumentParser:

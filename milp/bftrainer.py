@@ -20,9 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-import pulp
-
-from malletrain.milp.count import make_solver
+from malletrain.milp import lp
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class NodeAllocation:
 def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
                    solver: str = "cbc", time_limit_s: float = 10.0) -> NodeAllocation:
     free = set(nodes)
-    prob = pulp.LpProblem("bftrainer", pulp.LpMaximize)
+    prob = lp.new_problem("bftrainer")
     x, obj = {}, []
     per_node: dict[str, list] = {n: [] for n in nodes}
     for ji, j in enumerate(jobs):
@@ -56,25 +54,25 @@ def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
         bps = sorted({0, *[b for b in (j.breakpoints or range(mx + 1)) if b <= mx]})
         xs = {}
         for ni, n in enumerate(nodes):
-            v = pulp.LpVariable(f"x_{ji}_{ni}", cat="Binary")
+            v = lp.variable(prob, f"x_{ji}_{ni}", binary=True)
             xs[n] = v
             per_node[n].append(v)
         x[j.job_id] = xs
-        count = pulp.lpSum(xs.values())
-        z = pulp.LpVariable(f"z_{ji}", cat="Binary")
+        count = lp.lp_sum(xs.values())
+        z = lp.variable(prob, f"z_{ji}", binary=True)
         prob += count >= j.min_nodes * z
         prob += count <= mx * z
-        lam = [pulp.LpVariable(f"l_{ji}_{i}", lowBound=0) for i in range(len(bps))]
-        seg = [pulp.LpVariable(f"y_{ji}_{i}", cat="Binary") for i in range(max(1, len(bps) - 1))]
-        prob += pulp.lpSum(lam) == 1
-        prob += pulp.lpSum(seg) == 1
+        lam = [lp.variable(prob, f"l_{ji}_{i}", low=0) for i in range(len(bps))]
+        seg = [lp.variable(prob, f"y_{ji}_{i}", binary=True) for i in range(max(1, len(bps) - 1))]
+        prob += lp.lp_sum(lam) == 1
+        prob += lp.lp_sum(seg) == 1
         for i in range(len(bps)):
             near = [seg[k] for k in (i - 1, i) if 0 <= k < len(seg)]
-            prob += lam[i] <= pulp.lpSum(near)
-        prob += count == pulp.lpSum(b * l for b, l in zip(bps, lam))
-        thr = pulp.lpSum(j.throughput(b) * l for b, l in zip(bps, lam))
-        u = pulp.LpVariable(f"u_{ji}", cat="Binary")
-        d = pulp.LpVariable(f"d_{ji}", cat="Binary")
+            prob += lam[i] <= lp.lp_sum(near)
+        prob += count == lp.lp_sum(b * l for b, l in zip(bps, lam))
+        thr = lp.lp_sum(j.throughput(b) * l for b, l in zip(bps, lam))
+        u = lp.variable(prob, f"u_{ji}", binary=True)
+        d = lp.variable(prob, f"d_{ji}", binary=True)
         held = set(j.current) & free
         for n, v in xs.items():
             if n in held:
@@ -86,18 +84,17 @@ def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
         obj.append(tfwd_s * thr - rate * (j.up_s * u + j.down_s * d))
     for n, vs in per_node.items():
         if len(vs) > 1:
-            prob += pulp.lpSum(vs) <= 1
-    prob += pulp.lpSum(obj)
-    prob.solve(make_solver(solver, time_limit_s))
-    status = pulp.LpStatus.get(prob.status, str(prob.status))
-    if status != "Optimal" or getattr(prob, "sol_status", 1) != pulp.LpSolutionOptimal:
+            prob += lp.lp_sum(vs) <= 1
+    prob += lp.lp_sum(obj)
+    out = lp.solve(prob, lp.make_solver(solver, time_limit_s))
+    if not out.proven:
         kept = {j.job_id: tuple(n for n in j.current if n in free) for j in jobs}
         kept = {k: (v if len(v) >= next(j.min_nodes for j in jobs if j.job_id == k) else ())
                 for k, v in kept.items()}
-        why = ("stopped at its time limit with an unproven incumbent" if status == "Optimal"
-               else f"found no solution (status {status})")
+        why = ("stopped at its time limit with an unproven incumbent" if out.has_solution
+               else f"found no solution (status {out.status})")
         return NodeAllocation(kept, float("nan"), "kept",
                               (f"bftrainer: {solver} {why} ({time_limit_s:g} s limit); "
                                "allocation unchanged",))
     out = {jid: tuple(n for n in nodes if (xs[n].value() or 0) > 0.5) for jid, xs in x.items()}
-    return NodeAllocation(out, float(pulp.value(prob.objective) or 0.0), "optimal")
+    return NodeAllocation(out, lp.objective_value(prob), "optimal")

@@ -155,13 +155,8 @@ def test_bftrainer_per_node_formulation_matches_count_optimum():
 
 
 def test_bftrainer_keeps_allocation_when_solver_gives_no_optimum(monkeypatch):
-    import malletrain.milp.bftrainer as bf
-
-    class NoSolution:
-        def actualSolve(self, lp, **kw):
-            lp.status = pulp.LpStatusNotSolved
-            return lp.status
-    monkeypatch.setattr(bf, "make_solver", lambda *a, **k: NoSolution())
+    from malletrain.milp import lp
+    monkeypatch.setattr(lp, "solve", lambda prob, solver: lp.Outcome(False, False, "NotSolved"))
     nodes, jobs, _ = per_node_instance(random.Random(3), 3, 12)
     res = solve_per_node(jobs, nodes, 600)
     assert res.status == "kept" and "allocation unchanged" in res.notes[0]

@@ -1,0 +1,40 @@
+"""status.json: one typed record, written and read in one place."""
+import json
+
+import pytest
+
+from malletrain.daemon.status import (SCHEMA_VERSION, Change, Counters, CycleStats, DaemonStatus,
+                                      JobStatus, Measured, read_status, write_status)
+from malletrain.domain.errors import InputError
+
+
+def sample_status():
+    change = Change(1.0, 3, "grow", "n1", "n1,n2", "grow 1→2: …", "gain")
+    job = JobStatus("17", "lr-0.1", "alice", "running", "RUNNING", "None", ("n1", "n2"), 2, 1, 4, "resnet",
+                    Measured(2, 180.5, 1.5), 181.0, "fit", {"1": 95.0, "2": 181.0}, None,
+                    "grow 1→2: …", "gain", change, (change,))
+    return DaemonStatus(2.0, 3, True, 10.0, "scavenger", 0, ("n3",), Counters(starts=1, rescales=1),
+                        CycleStats(2, 3, 0.5, 1.2, False), (job,))
+
+
+def test_round_trip(tmp_path):
+    st = sample_status()
+    write_status(str(tmp_path / "status.json"), st)
+    assert read_status(str(tmp_path / "status.json")) == st
+    doc = json.loads((tmp_path / "status.json").read_text())
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["jobs"][0]["reason_code"] == "gain"
+    assert st.job("17").measured.samples_per_s == 180.5 and st.job("18") is None
+
+
+def test_missing_malformed_or_other_schema_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="no status yet"):
+        read_status(str(tmp_path / "none.json"))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(InputError, match="cannot read status"):
+        read_status(str(tmp_path / "bad.json"))
+    write_status(str(tmp_path / "s.json"), sample_status())
+    doc = json.loads((tmp_path / "s.json").read_text())
+    doc["schema_version"] = SCHEMA_VERSION + 1
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="schema_version"):
+        read_status(str(tmp_path / "s.json"))
