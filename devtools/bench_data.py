@@ -17,14 +17,14 @@ from malletrain.domain.stats import percentile
 
 # -- JPA accuracy on Pollux ----------------------------------------------------------
 def bench_jpa(data: str | None = None) -> Report:
+    from devtools.datasets import APPS, default_data_dir, pollux_curves
     from malletrain.jpa.advisor import probe_counts
     from malletrain.jpa.scaling import fit_scaling
-    from devtools.datasets import APPS, default_data_dir, pollux_curves
     data = data or default_data_dir()
     near, far, floor, lines, per_app = [], [], [], [], {}
     for app in APPS:
         a_near, a_far = [], []
-        for bsz, curve in pollux_curves(data, app).items():
+        for _bsz, curve in pollux_curves(data, app).items():
             counts = sorted(curve)
             probes = [n for n in probe_counts(counts[0], counts[-1]) if n in curve]
             if len(probes) < 3 or len(counts) < 5:
@@ -67,11 +67,12 @@ def bench_jpa(data: str | None = None) -> Report:
 def bench_replay(nodes: int = 4734, days: float = 15.0, events: int = 850_000, jobs: int = 1000,
                  trace_path: str | None = None, policy: str = "malletrain",
                  max_jobs: int | None = None, data: str | None = None, quiet: bool = False) -> Report:
+    import tempfile
+
     from devtools.datasets import default_data_dir, make_workload
     from malletrain.replay.engine import ReplayOptions, run_replay
     from malletrain.replay.traces import load_trace
     from malletrain.replay.workload import load_workload
-    import tempfile
     t0 = time.perf_counter()
     if trace_path:
         trace = load_trace(trace_path)
@@ -100,6 +101,7 @@ def bench_replay(nodes: int = 4734, days: float = 15.0, events: int = 850_000, j
            "harvested_fraction": s.harvested_fraction}
     return Report(res, [f"replay {label}: {trace.n_events:,} events, {jobs} jobs, policy "
                            f"{policy}: load {t_load:.1f} s, replay {s.wall_s:.1f} s wall, "
-                           f"{s.decisions:,} decisions + {s.decisions_reused:,} unchanged cycles (p50 {s.decision_ms_p50:.2f} ms, p95 "
+                           f"{s.decisions:,} decisions + {s.decisions_reused:,} unchanged cycles "
+                           f"(p50 {s.decision_ms_p50:.2f} ms, p95 "
                            f"{s.decision_ms_p95:.2f} ms), {s.jobs_completed} jobs done, harvested "
                            f"{100 * s.harvested_fraction:.1f}%"])

@@ -106,7 +106,8 @@ def run(args) -> int:
     sig = signal_to_exit(args.procs, work, extra)
     cons = rows["consistency"]
     out = {
-        "procs": args.procs, "arch": args.arch, "micro_batch": args.micro_batch, "steps": args.steps, "repeats": args.repeats,
+        "procs": args.procs, "arch": args.arch, "micro_batch": args.micro_batch, "steps": args.steps,
+        "repeats": args.repeats,
         "step_ms": {m: round(1000 * v, 3) for m, v in med.items()},
         "consistency_overhead": round(overhead, 4),
         "checkpoint_write_ms": round(1000 * statistics.median(r["checkpoint_write_s"] for r in cons), 2),

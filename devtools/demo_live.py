@@ -9,13 +9,14 @@ compressed times, samples the cluster once a second, and prints:
 harvested node-seconds (malleable) vs. idle node-seconds, each primary job's
 wait (start − submit) and the part of it spent waiting for a malleable job to
 leave (a 1-s-resolution upper bound: seconds it was pending while enough
-nodes were free of primary jobs but not of malleable ones), preemptions by Slurm, the daemon's starts/rescales/give-backs.
+nodes were free of primary jobs but not of malleable ones), preemptions by Slurm, the daemon's
+starts/rescales/give-backs.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -158,7 +159,8 @@ def report(result: dict, status: dict | None, ctld_log: str | None) -> str:
                          f"measured {m.samples_per_s:.0f} samples/s on {m.nodes}" if m else
                          f"  malleable job {j.job} {j.name}: {j.state}")
     lines += ["", "per primary job: " + ", ".join(
-        f"{w['job']}({w['nodes']}n) wait {w['wait_s']:.0f}s/harvest {w['blocked_by_harvest_s']}s" if w["wait_s"] is not None else f"{w['job']} not started"
+        f"{w['job']}({w['nodes']}n) wait {w['wait_s']:.0f}s/harvest {w['blocked_by_harvest_s']}s"
+        if w["wait_s"] is not None else f"{w['job']} not started"
         for w in result["waits"])]
     return "\n".join(lines)
 

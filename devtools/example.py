@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 
-from devtools.datasets import (default_data_dir, make_workload, philly_events,
-                                 write_events, write_workload)
+from devtools.datasets import default_data_dir, make_workload, philly_events, write_events, write_workload
 
 PHILLY_DAY = "2017-10-10T00:00:00Z"
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from malletrain.jpa.scaling import ScalingFit, anchored, band, fit_scaling
 from malletrain.domain.model import Curve, CurvePoint, Sample
+from malletrain.jpa.scaling import ScalingFit, anchored, band, fit_scaling
 
 
 def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:

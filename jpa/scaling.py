@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class ScalingFit:
         tau = self.time_per_sample(n)
         return 1.0 / tau if tau > 0 else 0.0
 
-    def rescaled(self, scale: float) -> "ScalingFit":
+    def rescaled(self, scale: float) -> ScalingFit:
         return ScalingFit(self.a, self.b, self.c, self.rel_rmse, self.counts,
                           self.scale * scale)
 
@@ -98,7 +98,7 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
                       counts=tuple(sorted(set(int(n) for n in counts))))
 
 
-def band(fit: ScalingFit, n: int, measured: "Sequence[int]") -> tuple[float, float, float]:
+def band(fit: ScalingFit, n: int, measured: Sequence[int]) -> tuple[float, float, float]:
     """(mean, low, high) at ``n`` nodes: ``mean·(1 ± 2σ)`` with
     ``σ = max(rel_rmse, 2%) · (1 + d)`` and ``d`` the log2 distance from ``n``
     to the nearest measured count (extrapolation widens the band)."""
@@ -108,7 +108,7 @@ def band(fit: ScalingFit, n: int, measured: "Sequence[int]") -> tuple[float, flo
     return mean, max(0.0, mean * (1 - 2 * s)), mean * (1 + 2 * s)
 
 
-def anchored(fit: ScalingFit, points: "dict[int, float]"):
+def anchored(fit: ScalingFit, points: dict[int, float]):
     """Predictor that honours measurements: the measured value at a measured
     count, linear interpolation between measured counts (real curves are not
     smooth), and outside the measured range the nearest measurement scaled by

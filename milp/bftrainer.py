@@ -17,8 +17,8 @@ BFTrainer keeps the current allocation: so does this.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from malletrain.milp import lp
 
@@ -69,8 +69,8 @@ def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
         for i in range(len(bps)):
             near = [seg[k] for k in (i - 1, i) if 0 <= k < len(seg)]
             prob += lam[i] <= lp.lp_sum(near)
-        prob += count == lp.lp_sum(b * l for b, l in zip(bps, lam))
-        thr = lp.lp_sum(j.throughput(b) * l for b, l in zip(bps, lam))
+        prob += count == lp.lp_sum(b * w for b, w in zip(bps, lam))
+        thr = lp.lp_sum(j.throughput(b) * w for b, w in zip(bps, lam))
         u = lp.variable(prob, f"u_{ji}", binary=True)
         d = lp.variable(prob, f"d_{ji}", binary=True)
         held = set(j.current) & free
@@ -82,17 +82,17 @@ def solve_per_node(jobs: Sequence[NodeJob], nodes: Sequence[str], tfwd_s: float,
         prob += u + d <= 1
         rate = j.throughput(len(j.current)) if j.current else 0.0
         obj.append(tfwd_s * thr - rate * (j.up_s * u + j.down_s * d))
-    for n, vs in per_node.items():
+    for vs in per_node.values():
         if len(vs) > 1:
             prob += lp.lp_sum(vs) <= 1
     prob += lp.lp_sum(obj)
-    out = lp.solve(prob, lp.make_solver(solver, time_limit_s))
-    if not out.proven:
+    outcome = lp.solve(prob, lp.make_solver(solver, time_limit_s))
+    if not outcome.proven:
         kept = {j.job_id: tuple(n for n in j.current if n in free) for j in jobs}
         kept = {k: (v if len(v) >= next(j.min_nodes for j in jobs if j.job_id == k) else ())
                 for k, v in kept.items()}
-        why = ("stopped at its time limit with an unproven incumbent" if out.has_solution
-               else f"found no solution (status {out.status})")
+        why = ("stopped at its time limit with an unproven incumbent" if outcome.has_solution
+               else f"found no solution (status {outcome.status})")
         return NodeAllocation(kept, float("nan"), "kept",
                               (f"bftrainer: {solver} {why} ({time_limit_s:g} s limit); "
                                "allocation unchanged",))

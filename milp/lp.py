@@ -26,7 +26,7 @@ class Outcome:
 
 
 def pulp() -> Any:
-    import pulp as module   # noqa: PLC0415 - loaded on the first MILP solve only
+    import pulp as module  # noqa: PLC0415 - loaded on the first MILP solve only
     return module
 
 

@@ -7,8 +7,9 @@ DESIGN.md objective ``H·T(n) − pause(c→n)·T(c)``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
 
 from malletrain.domain.errors import InputError
 

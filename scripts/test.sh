@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need, then runs the whole suite.
+# The test command.
+#   bash scripts/test.sh          every tier (CI; root on Debian 12): lint and types, the fast
+#                                 tier, PyTorch, the real-Slurm tests, the installed wheel
+#   bash scripts/test.sh --fast   contributors: no root, no Slurm, no torch (about a minute)
+# Extra arguments go to pytest (e.g. -k decide, -x).  Tests never write into tracked files.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/env.sh" test
+FAST=0
+if [ "${1:-}" = "--fast" ]; then FAST=1; shift; fi
+if [ "$FAST" = 1 ]; then source "$ROOT/scripts/env.sh" dev; else source "$ROOT/scripts/env.sh" test; fi
 cd "$ROOT"
+echo "[test] ruff" >&2
+python -m ruff check --no-cache .
+echo "[test] mypy" >&2
+python -m devtools.typecheck
+if [ "$FAST" = 1 ]; then
+    exec python -m pytest -q -p no:cacheprovider -m "not live and not torch and not packaging" "$@"
+fi
 exec python -m pytest -q -p no:cacheprovider "$@"

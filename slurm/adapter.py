@@ -23,14 +23,27 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
-from malletrain.slurm.parse import (SINFO_FORMAT, SQUEUE_FORMAT, JobRecord, NodeRecord, Phase, Reservation, Tag,
-                         collect, is_held, parse_reservations, parse_sinfo, parse_squeue, parse_tag)
+from malletrain.slurm.parse import (
+    SINFO_FORMAT,
+    SQUEUE_FORMAT,
+    JobRecord,
+    NodeRecord,
+    Phase,
+    Reservation,
+    Tag,
+    collect,
+    is_held,
+    parse_reservations,
+    parse_sinfo,
+    parse_squeue,
+    parse_tag,
+)
 from malletrain.slurm.runner import Runner, SlurmCommandError
 
 log = logging.getLogger("malletrain.slurm")
@@ -88,7 +101,8 @@ class SlurmBackend:
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
         self._cycle += 1
 
-        malleable, windows = [], {}
+        malleable: list[tuple[JobRecord, Tag]] = []
+        windows: dict[str, float] = {}
         for r in jobs:
             tag = parse_tag(r.comment) if r.partition == self.slurm.partition else None
             if tag is not None:

@@ -35,8 +35,9 @@ REVOKED
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 from urllib.parse import quote, unquote
 
 import hostlist

@@ -18,8 +18,8 @@ import os
 import random
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from malletrain.domain.errors import BackendError
 

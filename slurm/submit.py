@@ -13,8 +13,8 @@ import logging
 import os
 import shlex
 import time
+from collections.abc import Sequence
 from importlib import resources
-from typing import Sequence
 
 from malletrain.domain.errors import InputError
 from malletrain.slurm.parse import Tag, parse_tag

@@ -73,15 +73,21 @@ class Cluster:
                    == ["idle"] * 4, 60, "all nodes idle")
 
     def submit_synth(self, tmp, name: str, *, lo=1, hi=4, work=1e9, rate=100.0, alpha=0.1,
-                     checkpoint_s=0.0, up=2, down=1) -> str:
+                     checkpoint_s=0.0, up=2, down=1, malletrain: list[str] | None = None) -> str:
+        """Submit the synthetic job with ``malletrain submit`` (this checkout's, or the
+        argv prefix ``malletrain`` of an installed copy, run without this checkout on its path)."""
+        installed = malletrain is not None
+        env = dict(self.env) if installed else dict(self.env, PYTHONPATH=ROOT)
+        job_env = ["env", f"PYTHONPATH={ROOT}"] if installed else []
         out = subprocess.run(
-            [sys.executable, "-m", "malletrain", "submit", "--launch", "batch", "--name", name, "--min-nodes", str(lo),
+            [*(malletrain or [sys.executable, "-m", "malletrain"]), "submit", "--launch", "batch",
+             "--name", name, "--min-nodes", str(lo),
              "--max-nodes", str(hi), "--rescale-up", str(up), "--rescale-down", str(down),
              "--metrics-dir", str(tmp / "metrics"), "--",
-             sys.executable, "-m", "devtools.synthjob", "--work", str(work), "--rate", str(rate),
+             *job_env, sys.executable, "-m", "devtools.synthjob", "--work", str(work), "--rate", str(rate),
              "--alpha", str(alpha), "--checkpoint", str(tmp / f"{name}.ckpt"),
              "--checkpoint-s", str(checkpoint_s), "--startup-s", "0.5", "--report-s", "0.3"],
-            env=dict(self.env, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+            env=env, cwd=str(tmp) if installed else None, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
@@ -90,7 +96,9 @@ class DaemonProc:
     """``malletrain daemon`` as a subprocess, as systemd would run it."""
 
     def __init__(self, tmp, cluster: Cluster, *, interval_s=2.0, vacate_lead_s=60.0,
-                 name="daemon", extra: dict | None = None, env: dict | None = None) -> None:
+                 name="daemon", extra: dict | None = None, env: dict | None = None,
+                 malletrain: list[str] | None = None) -> None:
+        self.argv = malletrain            # an installed copy's argv prefix; None: this checkout
         self.extra_env = env or {}
         self.tmp, self.cluster = tmp, cluster
         self.state_dir = tmp / "state"
@@ -108,11 +116,16 @@ class DaemonProc:
         self.config.write_text(yaml.safe_dump(cfg))
         self.proc = None
 
-    def start(self) -> "DaemonProc":
+    def start(self) -> DaemonProc:
         self.log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "malletrain", "daemon", "--config",
-                                      str(self.config)], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=dict(self.cluster.env, PYTHONPATH=ROOT, **self.extra_env))
+        installed = self.argv is not None
+        env = dict(self.cluster.env, **self.extra_env)
+        if not installed:
+            env["PYTHONPATH"] = ROOT
+        self.proc = subprocess.Popen([*(self.argv or [sys.executable, "-m", "malletrain"]), "daemon",
+                                      "--config", str(self.config)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env,
+                                     cwd=str(self.tmp) if installed else None)
         return self
 
     def lines(self) -> list[dict]:
@@ -140,6 +153,8 @@ class DaemonProc:
         if self.alive():
             self.proc.send_signal(sig)
             self.proc.wait(timeout_s)
+        if self.proc is None:
+            return 0
         self.log.close()
         return self.proc.returncode
 

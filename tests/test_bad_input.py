@@ -2,8 +2,8 @@
 import os
 
 import pytest
-
 from helpers import job, write_events, write_workload
+
 from malletrain.cli.main import main
 
 GOOD_ROWS = [(0, "n0", "idle"), (0, "n1", "busy"), (60, "n1", "idle")]

@@ -1,11 +1,10 @@
 import pytest
 
-from malletrain.domain.config import CoreConfig, from_mapping
-from malletrain.core.decide import decide, size_grid
 from malletrain.core.cycle import PlanError, reconcile
+from malletrain.core.decide import decide, size_grid
+from malletrain.domain.config import CoreConfig, from_mapping
 from malletrain.domain.errors import ConfigError
-from malletrain.domain.model import (ActionKind, Curve, CurvePoint, JobSpec, JobState, Node, Plan,
-                              Snapshot)
+from malletrain.domain.model import ActionKind, Curve, CurvePoint, JobSpec, JobState, Node, Plan, Snapshot
 
 
 def curve(f, counts=range(1, 17), probe=None):

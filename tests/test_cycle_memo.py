@@ -2,12 +2,11 @@
 import random
 
 import pytest
-
-from malletrain.domain.config import CoreConfig
-from malletrain.replay.engine import ReplayOptions, run_replay
 from test_stress import random_trace, random_workload
 
 import malletrain.replay.engine as replay_mod
+from malletrain.domain.config import CoreConfig
+from malletrain.replay.engine import ReplayOptions, run_replay
 
 
 @pytest.mark.parametrize("policy", ["malletrain", "oracle", "static"])

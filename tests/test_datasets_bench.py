@@ -5,9 +5,16 @@ import os
 import pytest
 
 from devtools.__main__ import main as dev_main
+from devtools.datasets import (
+    APPS,
+    full_curves,
+    make_workload,
+    philly_events,
+    synthetic_trace,
+    write_events,
+    write_workload,
+)
 from malletrain.cli.main import main
-from devtools.datasets import (APPS, full_curves, make_workload, philly_events, synthetic_trace,
-                                 write_events, write_workload)
 from malletrain.replay.engine import idle_node_seconds
 from malletrain.replay.traces import load_trace
 from malletrain.replay.workload import load_workload
@@ -55,7 +62,7 @@ def test_philly_events_reproduce_the_counts(data_dir, tmp_path):
     assert len(tr.nodes) == 10
     assert int(tr.initial_busy.sum()) == 5
     busy = tr.initial_busy.copy()
-    for t, i, b in zip(tr.times, tr.node_idx, tr.busy):
+    for _t, i, b in zip(tr.times, tr.node_idx, tr.busy):
         busy[i] = b
     assert int(busy.sum()) == 5 + (29 % 4)   # the last minute's active count
 

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
+from malletrain.cli.main import main
 from malletrain.domain.model import Sample
 from malletrain.jpa import Advisor, fit_scaling, probe_counts
-from malletrain.cli.main import main
 
 
 def amdahl_log(a, b, c):
@@ -65,7 +65,7 @@ def feed(adv, job, n, values, t0=0.0):
 
 def test_warmup_and_outliers_are_dropped():
     adv = Advisor()
-    t = feed(adv, "j", 2, [10.0, 100.0, 101.0, 99.0, 5000.0, 100.0])
+    feed(adv, "j", 2, [10.0, 100.0, 101.0, 99.0, 5000.0, 100.0])
     assert adv.measured("j") == {2: pytest.approx(100.0)}
     clean = adv.clean("j")[2]
     assert 10.0 not in clean and 5000.0 not in clean

@@ -2,11 +2,10 @@ import itertools
 import math
 import random
 
-import pulp
 import pytest
 
 from malletrain.milp import JobChoice, Option, Problem, allocate, evaluate
-from malletrain.milp.bftrainer import NodeJob, solve_per_node
+from malletrain.milp.bftrainer import solve_per_node
 from malletrain.milp.count import solve_count_milp
 from malletrain.milp.greedy import solve_greedy
 from malletrain.milp.mck import solve_mck
@@ -166,10 +165,11 @@ def test_bftrainer_keeps_allocation_when_solver_gives_no_optimum(monkeypatch):
 
 def test_fallback_note_reaches_the_log_and_the_summary(monkeypatch, caplog, tmp_path):
     """A solver failure inside a replay is logged and counted, not hidden."""
+    from test_stress import random_trace, random_workload
+
     import malletrain.milp.solve as solve_mod
     from malletrain.domain.config import CoreConfig
     from malletrain.replay.engine import ReplayOptions, run_replay
-    from test_stress import random_trace, random_workload
 
     def boom(*a, **k):
         raise RuntimeError("cbc exploded")

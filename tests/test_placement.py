@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from malletrain.domain.model import JobSpec, JobState, Node
 from malletrain.core.placement import place
+from malletrain.domain.model import JobSpec, JobState, Node
 
 
 def nodes(n, groups=2, windows=None):

@@ -3,8 +3,8 @@ import json
 import os
 
 import pytest
-
 from helpers import T0, job, write_events, write_workload
+
 from malletrain.cli.main import main
 from malletrain.replay.engine import idle_node_seconds
 from malletrain.replay.traces import load_trace

@@ -14,19 +14,27 @@ import subprocess
 import time
 
 import pytest
-
 from live import GRACE_S, Cluster, DaemonProc, metrics_records, wait_until
+
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import Action, ActionKind, ReasonCode
 from malletrain.slurm.adapter import SlurmBackend
-from malletrain.slurm.submit import find_token, submit
 from malletrain.slurm.parse import parse_tag
 from malletrain.slurm.runner import Runner, SlurmCommandError
+from malletrain.slurm.submit import find_token, submit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live]
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "benchmarks", "results")
+
+def keep_figures(name: str, data: dict, tmp_path) -> None:
+    """Write measured figures to the test's tmp dir, and to $MALLETRAIN_RESULTS_DIR when
+    set (benchmarks/slurm.sh sets it); tests never write into the source tree."""
+    print(json.dumps(data, indent=1))
+    for d in (str(tmp_path), os.environ.get("MALLETRAIN_RESULTS_DIR")):
+        if d:
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, name), "w") as fh:
+                json.dump(data, fh, indent=1)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +176,8 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
         assert any(len(s) >= 2 for s in sizes.values()), sizes
         assert max(restarts.values()) >= 1, restarts
         # steady state: a cycle with no change costs at most 3 read commands
-        wait_until(lambda: (d.status().last_cycle is not None and d.status().last_cycle.writes == 0), 30, "a steady cycle")
+        wait_until(lambda: (d.status().last_cycle is not None and d.status().last_cycle.writes == 0), 30,
+                   "a steady cycle")
         steady = []
         for _ in range(6):
             lc = d.status().last_cycle
@@ -222,10 +231,7 @@ def test_primary_job_start_delay_with_and_without_proactive_vacate(clean, tmp_pa
     with_ = _primary_delay(clean, tmp_path, 60.0)
     interval = 2.0
     report = {"grace_s": GRACE_S, "interval_s": interval, "without_vacate": without, "with_vacate": with_}
-    print(json.dumps(report, indent=1))
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "slurm-primary-delay.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
+    keep_figures("slurm-primary-delay.json", report, tmp_path)
     # reactive: nodes go back once B is due; proactive: before A has even ended
     assert without["gave_back_s"] is None or without["gave_back_s"] >= without["a_end"] - 1
     assert with_["gave_back_s"] is not None and with_["gave_back_s"] < with_["a_end"] - 10
@@ -325,7 +331,7 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
     try:
         while True:
             msgs.append(srv.recv(200).decode())
-    except socket.timeout:
+    except TimeoutError:
         pass
     assert msgs[-1] == "STOPPING=1"
     bad = tmp_path / "bad.yaml"
@@ -406,9 +412,7 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
                           for r in recs if r["event"] == "start"],
                "checkpoints": [r.get("write_s") for r in recs if r["event"] == "checkpoint"],
                "bitwise_equal_to_uninterrupted": True}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "pytorch-trial-live.json"), "w") as fh:
-        json.dump(summary, fh, indent=1)
+    keep_figures("pytorch-trial-live.json", summary, tmp_path)
 
 
 def test_campaign_trials_run_under_the_daemon_and_status_shows_the_best(clean, tmp_path):

@@ -3,8 +3,17 @@ import json
 
 import pytest
 
-from malletrain.daemon.status import (SCHEMA_VERSION, Change, Counters, CycleStats, DaemonStatus,
-                                      JobStatus, Measured, read_status, write_status)
+from malletrain.daemon.status import (
+    SCHEMA_VERSION,
+    Change,
+    Counters,
+    CycleStats,
+    DaemonStatus,
+    JobStatus,
+    Measured,
+    read_status,
+    write_status,
+)
 from malletrain.domain.errors import InputError
 
 

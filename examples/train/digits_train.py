@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=int(hp["steps"]))
     rt.prepare(model, opt, sched, data=train)
     result_path = os.path.join(ckpt, "result.json")
-    for step in rt.steps(int(hp["steps"])):
+    for _step in rt.steps(int(hp["steps"])):
         rt.train_step(loss_fn)
         if rt.info.rank == 0 and rt.step % int(hp["eval_every"]) == 0:
             write_result(result_path, {"step": rt.step, "final": False, **evaluate(model, val)})

@@ -54,7 +54,8 @@ def bench_allocator(nodes: int = 4734, jobs: int = 100, repeat: int = 20, seed: 
         lat.append((time.perf_counter() - t0) * 1000)
         objective = plan.objective
         # apply the plan, let time pass, and let the primary scheduler take/return 2% of nodes
-        states = [JobState(s.spec, plan.allocations[s.job_id], DEFAULT_NODE_TYPE if plan.allocations[s.job_id] else None,
+        states = [JobState(s.spec, plan.allocations[s.job_id],
+                           DEFAULT_NODE_TYPE if plan.allocations[s.job_id] else None,
                            0.0, now) for s in states]
         now += 30.0
         gone = set(rng.sample([n.name for n in live], max(1, len(live) // 50)))
@@ -108,10 +109,15 @@ def bench_compare(sizes: str = "10x64,20x128", repeat: int = 3, time_limit_s: fl
         for rep in range(repeat):
             rng = random.Random(1000 * n_jobs + rep)
             nodes, njobs, problem = per_node_instance(rng, n_jobs, n_nodes)
-            t0 = time.perf_counter(); bf = solve_per_node(njobs, nodes, 600.0, time_limit_s=time_limit_s)
+            t0 = time.perf_counter()
+            bf = solve_per_node(njobs, nodes, 600.0, time_limit_s=time_limit_s)
             t_bf = time.perf_counter() - t0
-            t0 = time.perf_counter(); dp = solve_mck(problem); t_dp = time.perf_counter() - t0
-            t0 = time.perf_counter(); cm = solve_count_milp(problem, "cbc", 60.0); t_cm = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            dp = solve_mck(problem)
+            t_dp = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            cm = solve_count_milp(problem, "cbc", 60.0)
+            t_cm = time.perf_counter() - t0
             bf_sizes = {j: (DEFAULT_NODE_TYPE if v else None, len(v)) for j, v in bf.nodes.items()}
             bf_obj = evaluate(problem, bf_sizes)
             gap = (dp.objective - bf_obj) / abs(dp.objective) if dp.objective else 0.0

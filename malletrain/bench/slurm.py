@@ -9,6 +9,7 @@ wait for jobs to checkpoint, so their latency is reported separately.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from malletrain.bench import Report
 from malletrain.domain.stats import percentile
@@ -25,7 +26,7 @@ def bench_slurm(config_path: str, cycles: int = 40, interval_s: float = 2.0) -> 
             wall = time.perf_counter() - t0
             lc = d.last_cycle
             assert lc is not None
-            rows.append(dict(reads=lc.reads, writes=lc.writes, cycle_s=wall,
+            rows.append(dict[str, Any](reads=lc.reads, writes=lc.writes, cycle_s=wall,
                              decision_ms=lc.decision_ms, reused=lc.reused))
             time.sleep(max(0.0, interval_s - wall))
     finally:

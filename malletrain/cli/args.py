@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from collections.abc import Callable
 
 
 def time_arg(text: str) -> float:

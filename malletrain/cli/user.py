@@ -51,7 +51,8 @@ def cmd_submit(args) -> int:
         command = command[1:]
     from malletrain.slurm.submit import submit_job
     job = submit_job(
-        _runner(cfg), cfg.slurm.partition, command, token=uuid.uuid4().hex[:16], metrics_dir=metrics_dir, name=args.name,
+        _runner(cfg), cfg.slurm.partition, command, token=uuid.uuid4().hex[:16], metrics_dir=metrics_dir,
+        name=args.name,
         min_nodes=args.min_nodes, max_nodes=args.max_nodes, gpus_per_node=args.gpus_per_node,
         profile=args.profile or args.name, time_limit=args.time, rescale_up_s=args.rescale_up,
         rescale_down_s=args.rescale_down, grace_s=args.grace_s, launch=args.launch)

@@ -12,8 +12,9 @@ and :class:`malletrain.replay.sim.SimCluster` (replay and unit tests).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 from malletrain.domain.model import Action, Sample, Snapshot
 

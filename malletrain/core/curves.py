@@ -7,13 +7,12 @@ Curves are cached per job and rebuilt only when the job's data changed.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
-from malletrain.domain.model import Sample
-from malletrain.jpa.advisor import Advisor
-from malletrain.domain.config import CoreConfig
 from malletrain.core.decide import size_grid
-from malletrain.domain.model import Curve, CurvePoint, JobState, Snapshot
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.model import Curve, CurvePoint, JobState, Sample, Snapshot
+from malletrain.jpa.advisor import Advisor
 
 TruthFn = Callable[[int], float]
 

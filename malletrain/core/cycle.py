@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.curves import CurveSource
 from malletrain.core.decide import decide
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
 from malletrain.domain.model import Action, Plan, Snapshot
-
 
 log = logging.getLogger("malletrain.cycle")
 

@@ -16,14 +16,22 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
 from __future__ import annotations
 
 import functools
-import math
 from collections import Counter
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from malletrain.domain.config import CoreConfig
-from malletrain.domain.model import (DEFAULT_NODE_TYPE, Action, ActionKind, Curve, JobState, Node, Plan,
-                                     ReasonCode, Snapshot)
 from malletrain.core.placement import place
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.model import (
+    DEFAULT_NODE_TYPE,
+    Action,
+    ActionKind,
+    Curve,
+    JobState,
+    Node,
+    Plan,
+    ReasonCode,
+    Snapshot,
+)
 from malletrain.milp.bftrainer import NodeJob, solve_per_node
 from malletrain.milp.problem import JobChoice, Problem, job_values
 from malletrain.milp.solve import allocate
@@ -93,7 +101,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
             c = curves.get(j.job_id)
             p = c.probe if c is not None else None
             t = j.node_type or _best_type(cap)
-            if p is not None and t is not None and cap[t] >= p:
+            if c is not None and p is not None and t is not None and cap[t] >= p:
                 targets[j.job_id] = (t, p)
                 cap[t] -= p
                 reasons[j.job_id] = (ReasonCode.PROBE, f"probe at {p} nodes: the JPA has no "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict, deque
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from malletrain.domain.model import JobState, Node
 
@@ -100,7 +100,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
 
 
 def _any_type(free: _FreeNodes) -> str:
-    per_type = Counter()
+    per_type: Counter[str] = Counter()
     for (t, _), c in free.count.items():
         per_type[t] += c
     return max(per_type, key=lambda t: (per_type[t], t)) if per_type else ""

@@ -16,15 +16,14 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
 from malletrain.daemon.progress import ProgressSource, ProgressTail
 from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics
-from malletrain.daemon.status import (Counters, CycleStats, DaemonStatus, JobStatus, Measured,
-                                      write_status)
+from malletrain.daemon.status import Counters, CycleStats, DaemonStatus, JobStatus, Measured, write_status
 from malletrain.daemon.store import Store
 from malletrain.domain.config import Config, load_config
 from malletrain.domain.errors import BackendError, ConfigError, PlanError

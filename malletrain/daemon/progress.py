@@ -19,8 +19,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from malletrain.core.backend import Observation
 from malletrain.domain.model import Sample

@@ -13,7 +13,8 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 _EXTRA = ("cycle", "job", "action", "reason", "command", "rc")
 
@@ -124,7 +125,7 @@ def serve_metrics(metrics: DaemonMetrics, host: str, port: int) -> Any:
 class Notifier:
     """sd_notify over $NOTIFY_SOCKET; a no-op outside systemd."""
 
-    def __init__(self, env: dict | None = None) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.addr = env.get("NOTIFY_SOCKET")
         usec = env.get("WATCHDOG_USEC")

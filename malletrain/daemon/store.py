@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import asdict
-from typing import Iterable
 
 from malletrain.daemon.status import Change
 from malletrain.domain.model import Action, Sample

@@ -6,8 +6,9 @@ wrong types and out-of-range values, naming the file and key.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from malletrain.domain.errors import ConfigError, yaml_problem
 
@@ -28,7 +29,7 @@ class CoreConfig:
     bftrainer_time_limit_s: float = 10.0  # BFTrainer's per-decision solver limit
     static_size: str = "max"       # static policy: run each job at 'max' or 'min' nodes
 
-    def validate(self, where: str = "config") -> "CoreConfig":
+    def validate(self, where: str = "config") -> CoreConfig:
         _choice(self.policy, POLICIES, where, "policy")
         _choice(self.allocator, ALLOCATORS, where, "allocator")
         _choice(self.static_size, ("max", "min"), where, "static_size")
@@ -53,7 +54,7 @@ T = TypeVar("T")
 def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "config") -> T:
     """Build ``cls`` from ``data``; unknown keys and bad types are errors."""
     data = dict(data or {})
-    valid = {f.name: f for f in fields(cls)}
+    valid = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     reject_unknown(data, sorted(valid), where)
     kwargs = {}
     for key, value in data.items():
@@ -101,7 +102,7 @@ class SlurmConfig:
     backoff_s: float = 0.5          # first retry delay (doubles, ±50% jitter)
     reservations_every: int = 6     # read reservations every N cycles (0 = never)
 
-    def validate(self, where: str = "config") -> "SlurmConfig":
+    def validate(self, where: str = "config") -> SlurmConfig:
         if not self.partition:
             raise ConfigError("must not be empty", path=where, field="partition")
         for name in ("command_timeout_s", "backoff_s"):
@@ -127,7 +128,7 @@ class DaemonConfig:
     max_line_bytes: int = 4096       # longer progress lines are skipped
     log_format: str = "json"         # json | text
 
-    def validate(self, where: str = "config") -> "DaemonConfig":
+    def validate(self, where: str = "config") -> DaemonConfig:
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError("must be > 0", path=where, field=name)
@@ -160,7 +161,7 @@ def config_from_mapping(data: Any, where: str = "config") -> Config:
         raise ConfigError("the top level must be a mapping with sections "
                           f"{', '.join(SECTIONS)}", path=where)
     reject_unknown(data, list(SECTIONS), where, what="section")
-    parts = {}
+    parts: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
         section = data.get(name)
         if section is not None and not isinstance(section, Mapping):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 DEFAULT_NODE_TYPE = "gpu"
 

@@ -1,7 +1,7 @@
 """Summary statistics shared by replay, the daemon's benchmarks and reports."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def percentile(xs: Sequence[float], q: float) -> float:

@@ -9,7 +9,6 @@ failed run leaves nothing half-written.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -18,19 +17,18 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from malletrain.domain.config import CoreConfig
-from malletrain.core.cycle import CycleMemo, run_cycle
-from malletrain.domain.model import JobSpec, Plan
 from malletrain.core.curves import CurveSource
-from malletrain.replay.traces import NodeTrace
-from malletrain.replay.workload import WorkloadJob
+from malletrain.core.cycle import CycleMemo, run_cycle
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.model import JobSpec
+from malletrain.domain.stats import percentile
 from malletrain.replay.sim import SimCluster
 from malletrain.replay.summary import ReplaySummary, write_summary
-from malletrain.domain.stats import percentile
+from malletrain.replay.traces import NodeTrace
+from malletrain.replay.workload import WorkloadJob
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ class _Progress:
             from tqdm import tqdm
             self.bar = tqdm(total=round(total), unit="trace-s", unit_scale=True, file=sys.stderr,
                             desc="replay", mininterval=0.5, leave=True)
-        self.done = 0
+        self.done = 0.0
 
     def update(self, done: float, decisions: int) -> None:
         if self.bar is not None and done - self.done >= 1:
@@ -135,7 +133,6 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     decision_ms: list[float] = []
     timeline: list[tuple] = []
     progress: dict[str, list[tuple[float, float]]] = {}
-    plan: Plan | None = None
     memo = CycleMemo()
     reused = 0
     notes: list[str] = []
@@ -189,7 +186,6 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval
             if sim.jobs:
                 res = run_cycle(sim, sim, source, core, memo)
-                plan = res.plan
                 if res.reused:
                     reused += 1
                 else:

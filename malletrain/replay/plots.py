@@ -32,7 +32,7 @@ def plot_nodes(result, path: str) -> None:
 def plot_progress(result, path: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     t0 = result.timeline[0][0] if result.timeline else 0.0
-    for jid, series in sorted(result.progress.items())[:60]:
+    for _jid, series in sorted(result.progress.items())[:60]:
         if series:
             ax.plot(_hours([p[0] for p in series], t0), [100 * p[1] for p in series], lw=0.8)
     s = result.summary

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
-from malletrain.domain.model import Sample
-from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
 from malletrain.core.backend import JobFacts, Observation
+from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Sample, Snapshot
 
 
 @dataclass
@@ -53,7 +52,7 @@ class Counters:
 class SimCluster:
     """State of the simulated cluster; implements the backend protocol."""
 
-    def __init__(self, node_names: Sequence[str], initial_busy: Sequence[bool],
+    def __init__(self, node_names: Sequence[str], initial_busy: Iterable[bool],
                  now_s: float, *, seed: int = 0, noise: float = 0.0) -> None:
         self.now = now_s
         self.busy = {n: bool(b) for n, b in zip(node_names, initial_busy)}
@@ -156,7 +155,7 @@ class SimCluster:
 
     def check(self) -> None:
         """Raise AssertionError unless the holder map and job node lists agree."""
-        seen = {}
+        seen: dict[str, str] = {}
         for jid, job in self.jobs.items():
             for n in job.nodes:
                 assert n not in seen, f"{n} held by {seen[n]} and {jid}"

@@ -325,8 +325,12 @@ def _load_sacct(path: str) -> NodeTrace:
             if a <= start:
                 init[i] = True
             else:
-                t_out.append(a); i_out.append(i); b_out.append(True)
-            t_out.append(b); i_out.append(i); b_out.append(False)
+                t_out.append(a)
+                i_out.append(i)
+                b_out.append(True)
+            t_out.append(b)
+            i_out.append(i)
+            b_out.append(False)
     t = np.array(t_out)
     o = np.lexsort((np.array(b_out), t))   # idle before busy at one instant
     return NodeTrace(list(index), start, float(t.max()) + 1.0, init, t[o],

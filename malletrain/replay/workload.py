@@ -93,7 +93,7 @@ def load_workload(path: str) -> list[WorkloadJob]:
         raise InputError(f"expected a mapping with exactly the key 'jobs', got {keys}", path=path)
     if not isinstance(doc["jobs"], list) or not doc["jobs"]:
         raise InputError("'jobs' must be a non-empty list", path=path,
-                         line=doc.key_lines.get("jobs"), field="jobs")
+                         line=getattr(doc, "key_lines", {}).get("jobs"), field="jobs")
     jobs, names = [], set()
     for entry in doc["jobs"]:
         job = _parse_job(entry, path)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Mapping
 
 from malletrain.domain.config import reject_unknown
 from malletrain.domain.errors import ConfigError
@@ -64,7 +64,7 @@ class RuntimeConfig:
         return self.logical_workers * self.micro_batch
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs) -> "RuntimeConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs) -> RuntimeConfig:
         """Settings from keyword arguments, with what the sbatch template exports
         (``MALLETRAIN_METRICS``, ``MALLETRAIN_GRACE_S``, ``MALLETRAIN_CHECKPOINT_DIR``)
         filling the ones not given."""

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from malletrain.domain.errors import InputError
 

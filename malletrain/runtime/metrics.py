@@ -52,6 +52,7 @@ class MetricsWriter:
         return True
 
     def _drain(self) -> None:
+        assert self.path is not None    # started only with a path
         fh = None
         while True:
             line = self._q.get()

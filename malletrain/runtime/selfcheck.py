@@ -100,7 +100,7 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 for q in procs:
                     q.kill()
-                raise MalletrainError(f"reference training timed out after {self.timeout_s:.0f}s")
+                raise MalletrainError(f"reference training timed out after {self.timeout_s:.0f}s") from None
             if p.returncode != 0:
                 for q in procs:
                     q.kill()
@@ -171,6 +171,8 @@ def max_param_deviation(dir_a: str, dir_b: str) -> float:
     """Largest absolute difference between the final model tensors of two runs."""
     from malletrain.runtime.checkpoint import CheckpointStore
     a, b = (CheckpointStore(d).restore(quarantine=False) for d in (dir_a, dir_b))
+    if a is None or b is None:
+        raise MalletrainError(f"no checkpoint to compare in {dir_a if a is None else dir_b}")
     worst = 0.0
     for k, ta in a.state["model"].items():
         if ta.is_floating_point():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
@@ -24,9 +25,9 @@ class StopRequest:
         self.t_first: float | None = None      # monotonic time of the first signal
         self.wall_first: float | None = None   # wall time of the first signal (for logs)
         self.repeated = False
-        self._previous = {}
+        self._previous: dict[int, Any] = {}
 
-    def install(self) -> "StopRequest":
+    def install(self) -> StopRequest:
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

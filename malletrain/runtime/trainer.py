@@ -34,6 +34,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,7 +89,7 @@ class Runtime:
             raise InputError(str(exc)) from None
         self.mine = self.owned[self.info.rank]
         self.where = {w: (r, i) for r, ws in enumerate(self.owned) for i, w in enumerate(ws)}
-        self.pg = None
+        self.pg: Any = None
         self.timings: dict[str, float] = {}
         if self.info.world > 1:
             self._init_group()
@@ -117,7 +118,7 @@ class Runtime:
         self.pg = dist.group.WORLD
         self.timings["init_group_s"] = time.perf_counter() - t0
 
-    def prepare(self, model, optimizer, scheduler=None, *, data) -> "Runtime":
+    def prepare(self, model, optimizer, scheduler=None, *, data) -> Runtime:
         """Attach the model, optimizer, scheduler and dataset; restore the newest checkpoint."""
         t0 = time.perf_counter()
         self.model = model.to(self.device)
@@ -132,7 +133,8 @@ class Runtime:
             self.per_epoch = logical.steps_per_epoch(n, self.cfg.logical_workers, self.cfg.micro_batch)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        self._perm_epoch, self._perm = None, None
+        self._perm_epoch: int | None = None
+        self._perm: Any = None
         self.rng = {w: self._seed_rng(logical.mix(self.cfg.seed, w)) for w in self.mine}
         restored = self.store.restore(quarantine=self.info.rank == 0)
         if restored is None:
@@ -353,7 +355,7 @@ class Runtime:
         """Everything needed to continue exactly (gathers the workers' RNG states: collective)."""
         rng = {w: _cpu_rng(s) for w, s in self.rng.items()} if self.cfg.mode == "consistency" else {}
         if self.pg is not None and rng:
-            parts = [None] * self.info.world
+            parts: list[Any] = [None] * self.info.world
             dist.all_gather_object(parts, rng)
             rng = {w: s for part in parts for w, s in part.items()}
         return {
