@@ -24,8 +24,10 @@ torch = None   # imported by the fixture below, so that the fast tier can collec
 @pytest.fixture(autouse=True, scope="module")
 def _torch():
     global torch
-    import torch as module   # the test extra installs torch: a missing torch fails, never skips
+    import torch as module  # the test extra installs torch: a missing torch fails, never skips
     torch = module
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
