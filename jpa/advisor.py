@@ -1,6 +1,6 @@
 """The advisor: samples in, predicted curves (with probes) out.
 
-It keeps per-job throughput samples, cleans them, fits :mod:`jpa.model` and
+It keeps per-job throughput samples, cleans them, fits :mod:`malletrain.jpa.scaling` and
 answers :meth:`Advisor.curve`.  Pure: no I/O, no clock (sample times come in).
 
 Cleaning rules

@@ -1,5 +1,5 @@
 """Allocators: which size each malleable job gets (count-based), and the
-BFTrainer per-node baseline.  Pure functions over :mod:`milp.problem` types."""
+BFTrainer per-node baseline.  Pure functions over :mod:`malletrain.milp.problem` types."""
 from malletrain.milp.problem import Allocation, JobChoice, Option, Problem, evaluate
 from malletrain.milp.solve import allocate
 

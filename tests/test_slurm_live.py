@@ -93,11 +93,17 @@ def test_backend_contract(clean, tmp_path, factory):
     def act(kind, frm, to):
         backend.apply([Action(job, kind, tuple(frm), tuple(to), "test", ReasonCode.GAIN)])
 
+    def started(nodes, restart):   # the job's process is up (not only Slurm's record)
+        return any(r["event"] == "start" and r["nodes"] == nodes and r["restart"] == restart
+                   for r in metrics_records(tmp_path, job))
+
     act(ActionKind.START, (), ("n2",))
     wait_until(lambda: _running_nodes(cluster).get(job) == "n2", 30, "start on n2")
+    wait_until(lambda: started(1, 0), 30, "the job's process on 1 node")
     backend.observe()
     act(ActionKind.GROW, ("n2",), ("n2", "n3", "n4"))
     wait_until(lambda: _running_nodes(cluster).get(job) == "n[2-4]", 40, "grow to n[2-4]")
+    wait_until(lambda: started(3, 1), 30, "the job's process on 3 nodes")
     backend.observe()
     act(ActionKind.SHRINK, ("n2", "n3", "n4"), ("n3",))
     wait_until(lambda: _running_nodes(cluster).get(job) == "n3", 40, "shrink to n3")
@@ -294,8 +300,8 @@ def test_slurmctld_outage_is_waited_out(clean, tmp_path):
         cluster.script("start-ctld")
         wait_until(lambda: any("Slurm is back" in x.get("msg", "") for x in d.lines()), 90,
                    "the daemon to log that Slurm is back")
-        c0 = d.status()["cycle"]
-        wait_until(lambda: d.status()["cycle"] >= c0 + 2 and d.status()["slurm_up"], 30,
+        c0 = d.status().cycle
+        wait_until(lambda: d.status().cycle >= c0 + 2 and d.status().slurm_up, 30,
                    "cycles after the outage")
         msgs = [x.get("msg", "") for x in d.lines()]
         assert any("Slurm is unreachable" in m for m in msgs)

@@ -1,4 +1,4 @@
-"""Progress records for the daemon's profiler (``malletrain.progress`` reads them).
+"""Progress records for the daemon's profiler (``malletrain.daemon.progress`` reads them).
 
 Rank 0 appends one JSON object per line to ``$MALLETRAIN_METRICS``::
 
