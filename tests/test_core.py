@@ -1,9 +1,9 @@
 import pytest
 
-from malletrain.core.cycle import PlanError, reconcile
+from malletrain.core.cycle import reconcile
 from malletrain.core.decide import decide, size_grid
 from malletrain.domain.config import CoreConfig, from_mapping
-from malletrain.domain.errors import ConfigError
+from malletrain.domain.errors import ConfigError, PlanError
 from malletrain.domain.model import ActionKind, Curve, CurvePoint, JobSpec, JobState, Node, Plan, Snapshot
 
 
@@ -122,3 +122,17 @@ def test_config_bad_values(data):
 def test_config_good_values():
     cfg = from_mapping(CoreConfig, {"policy": "oracle", "horizon_s": 300, "max_candidates": 8})
     assert cfg.horizon_s == 300.0 and cfg.max_candidates == 8
+
+
+def test_every_action_carries_a_reason_code_and_detail():
+    from malletrain.domain.model import ReasonCode
+    nodes = tuple(Node(f"n{i}") for i in range(6))
+    jobs = (JobState(JobSpec("a", 1, 4)), JobState(JobSpec("b", 2, 4)), JobState(JobSpec("c", 5, 6)))
+    curves = {j.job_id: Curve({n: CurvePoint(10.0 * n, 9.0 * n, 11.0 * n) for n in range(1, 7)})
+              for j in jobs}
+    plan = decide(Snapshot(0.0, nodes, jobs), curves, CoreConfig(policy="oracle"))
+    codes = {a.job_id: a.code for a in plan.actions}
+    assert all(isinstance(c, ReasonCode) for c in codes.values())
+    assert all(a.reason for a in plan.actions)
+    assert codes["a"] is ReasonCode.GAIN and codes["b"] is ReasonCode.GAIN
+    assert codes["c"] in (ReasonCode.OUTBID, ReasonCode.TOO_FEW_NODES)
