@@ -24,7 +24,6 @@ import sys
 import time
 
 from malletrain.daemon.status import read_status
-from malletrain.slurm.parse import parse_tag
 
 TIME_SCALE = 100.0
 HEADER = ["submit_s", "nodes", "runtime_s", "theta_job", "theta_nodes"]
@@ -90,14 +89,14 @@ def run(stream_path: str, out_dir: str, max_s: float) -> dict:
             submitted[jid] = dict(r, submit=time.time())
             print(f"[demo] t={now:5.1f}s primary job {jid}: {r['nodes']} node(s) for "
                   f"{r['runtime_s']:g}s (Theta job {r['theta_job']}, {r['theta_nodes']} nodes)", flush=True)
-        jobs = _sh(env, "squeue", "-h", "-a", "-o", "%i|%P|%T|%D|%k")
+        jobs = _sh(env, "squeue", "-h", "-a", "-o", "%i|%P|%T|%D")   # no user text in this read
         nodes = _sh(env, "sinfo", "-h", "-N", "-p", "batch", "-o", "%T").split()
         harvest = primary = 0
         waiting = []
         for line in jobs.splitlines():
-            jid, part, state, n, comment = line.split("|", 4)
+            jid, part, state, n = line.split("|")
             if state in ("RUNNING", "COMPLETING"):
-                if parse_tag(comment):
+                if part == "scavenger":         # the harvest partition: malleable jobs only
                     harvest += int(n)
                 else:
                     primary += int(n)

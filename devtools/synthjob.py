@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError):
         pass
 
-    def record(event: str, step_s: float = 0.0) -> None:
+    def record(event: str, step_s: float = 0.0, **extra) -> None:
         if not metrics:
             return
         rec = dict(t=time.time(), job=job, step=int(done // args.batch), samples=done,
                    step_s=step_s, world=nodes, nodes=nodes, node=socket.gethostname(),
-                   event=event, restart=restart)
+                   event=event, restart=restart, **extra)
         try:
             with open(metrics, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(rec) + "\n")
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     if stop["sig"] is not None:
         print(f"synthjob {job}: signal {stop['sig']} -> checkpoint at {done:.0f} and exit in "
               f"{time.time() - stop['t']:.2f}s", flush=True)
-        record("exit")
+        record("exit", reason="stopped")
         return 3    # stopped before the end: the sbatch template requeues the job
-    record("exit")
+    record("exit", reason="done")
     print(f"synthjob {job}: finished {done:.0f} samples", flush=True)
     return 0
 

@@ -13,6 +13,15 @@ says.  The per-job book (launching nodes, last change, pause) is written
 ahead to the store before each step, so a daemon killed mid-cycle neither
 loses nor duplicates anything.
 
+Trust (SECURITY.md): the queue-wide read holds no user text; a job's tag
+(its comment) is read alone when the job first appears in the harvest
+partition, at most ``max_tag_reads`` per cycle, round-robin over owners so
+one user's flood cannot delay the others.  Right before every write the job's
+id, owner, partition and tag are read again and must match what the plan was
+made from, or the write is refused, logged and counted.  Profiles are per
+user (``<user>/<profile>``) unless the config declares them shared; node
+counts are clamped to the partition, rescale pauses to the config's maximum.
+
 Proactive vacate: a node that a pending primary job is planned on (or a
 reservation starts on) within ``vacate_lead_s`` leaves the harvestable pool,
 so the plan shrinks or stops the malleable job holding it before Slurm has
@@ -36,13 +45,16 @@ from malletrain.slurm.parse import (
     NodeRecord,
     Phase,
     Reservation,
+    TAG_FORMAT,
     Tag,
+    TagRecord,
     collect,
     is_held,
     parse_reservations,
     parse_sinfo,
     parse_squeue,
     parse_tag,
+    parse_tag_record,
 )
 from malletrain.slurm.runner import Runner, SlurmCommandError
 
@@ -70,6 +82,8 @@ class Events:
     rescales: int = 0
     vacates: int = 0
     failed_actions: int = 0
+    refused_writes: int = 0     # a job no longer matched its record right before a write
+    tag_reads: int = 0
 
 
 class SlurmBackend:
@@ -84,6 +98,8 @@ class SlurmBackend:
         self.events = Events()
         self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
         self.tags: dict[str, Tag] = {}
+        self.tag_records: dict[str, TagRecord] = {}  # comment read alone, per job in the partition
+        self.uids: dict[str, int] = {}
         self.idle_nodes = 0
         self.vacating: set[str] = set()             # nodes due to primary jobs soon
         self._reservations: list[Reservation] = []
@@ -101,10 +117,11 @@ class SlurmBackend:
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
         self._cycle += 1
 
+        self._read_tags(jobs)
         malleable: list[tuple[JobRecord, Tag]] = []
         windows: dict[str, float] = {}
         for r in jobs:
-            tag = parse_tag(r.comment) if r.partition == self.slurm.partition else None
+            tag = self._tag_of(r)
             if tag is not None:
                 malleable.append((r, tag))
             elif r.phase is Phase.PENDING and r.start_s and r.sched_nodes:
@@ -130,9 +147,13 @@ class SlurmBackend:
             if r.phase is Phase.FINISHED:
                 continue
             live[r.job_id] = r
+            tag = self._bounded(tag, len(nodes))
             self.tags[r.job_id] = tag
-            facts[r.job_id] = JobFacts(tag.profile or f"job-{r.job_id}", r.user,
-                                       self._metrics_path(r.job_id, tag) if tag.metrics_dir else None)
+            if r.uid is not None:
+                self.uids[r.job_id] = r.uid
+            facts[r.job_id] = JobFacts(self._profile(r, tag), r.user,
+                                       self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
+                                       uid=r.uid)
             st = self._job_state(r, tag, now, pool_names, soon)
             if st is not None:
                 states.append(st)
@@ -156,8 +177,94 @@ class SlurmBackend:
     def _forget(self, job: str) -> None:
         """Drop what was kept about a job that left the queue."""
         self.tags.pop(job, None)
+        self.uids.pop(job, None)
         if self.books.pop(job, None) is not None:
             self._save(job, None)
+
+    # ------------------------------------------------------------ tags (user text)
+    def _candidate(self, r: JobRecord) -> bool:
+        return r.partition == self.slurm.partition and r.job_id.isdigit() and r.uid is not None
+
+    def _read_tags(self, jobs: Sequence[JobRecord]) -> None:
+        """Read the comment of jobs new in the harvest partition, alone and bounded per cycle."""
+        present = {r.job_id for r in jobs}
+        for job in [j for j in self.tag_records if j not in present]:
+            del self.tag_records[job]
+        todo: dict[int, list[JobRecord]] = {}
+        for r in jobs:
+            if not self._candidate(r) or r.phase is Phase.FINISHED:
+                continue
+            known = self.tag_records.get(r.job_id)
+            if known is None or known.uid != r.uid or known.partition != r.partition:
+                todo.setdefault(r.uid or 0, []).append(r)
+        budget = self.daemon.max_tag_reads
+        queues = [sorted(q, key=lambda r: int(r.job_id)) for _, q in sorted(todo.items())]
+        for i in range(max((len(q) for q in queues), default=0)):   # round-robin over owners
+            for q in queues:
+                if i < len(q) and budget > 0:
+                    budget -= 1
+                    self._read_tag(q[i].job_id)
+        left = sum(len(q) for q in queues) - (self.daemon.max_tag_reads - budget)
+        if left > 0:
+            log.info("%d new job(s) in %s wait for their tag to be read next cycle", left,
+                     self.slurm.partition)
+
+    def _read_tag(self, job: str) -> TagRecord | None:
+        self.events.tag_reads += 1
+        rec = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-o", TAG_FORMAT]))
+        if rec is None:
+            self.tag_records.pop(job, None)
+        else:
+            self.tag_records[job] = rec
+        return rec
+
+    def _tag_of(self, r: JobRecord) -> Tag | None:
+        rec = self.tag_records.get(r.job_id)
+        if rec is None or not self._candidate(r) or rec.uid != r.uid or rec.partition != r.partition:
+            return None
+        return parse_tag(rec.comment)
+
+    def _bounded(self, tag: Tag, partition_nodes: int) -> Tag:
+        cap = self.daemon.max_rescale_pause_s
+        hi = max(1, min(tag.max_nodes, partition_nodes or tag.max_nodes))
+        return replace(tag, min_nodes=min(tag.min_nodes, hi), max_nodes=hi,
+                       rescale_up_s=min(tag.rescale_up_s, cap), rescale_down_s=min(tag.rescale_down_s, cap))
+
+    def _profile(self, r: JobRecord, tag: Tag) -> str:
+        if not tag.profile:
+            return f"job-{r.job_id}"
+        if tag.profile in self.daemon.shared_profiles:
+            return tag.profile
+        return f"{r.user or r.uid}/{tag.profile}"
+
+    def _verify(self, job: str) -> bool:
+        """Right before a write: the job still has the id, owner, partition and tag it was
+        adopted with.  Anything else (or a failed read) refuses the write."""
+        known = self.tag_records.get(job)
+        try:
+            now = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-o", TAG_FORMAT]))
+        except SlurmCommandError as exc:
+            why = f"cannot re-read it: {exc}"
+        else:
+            why = ("it is gone" if now is None else
+                   "it was never adopted" if known is None or job not in self.tags else
+                   "its owner changed" if now.uid != known.uid else
+                   "it left the partition" if now.partition != self.slurm.partition else
+                   "its tag changed" if now.comment != known.comment else
+                   "it carries no valid tag" if parse_tag(now.comment) is None else "")
+            if not why:
+                return True
+            self.tag_records.pop(job, None)      # read again next cycle; decide from what it says then
+        self.events.refused_writes += 1
+        log.warning("job %s: write refused, %s", job, why, extra={"job": job, "reason": "refused"})
+        return False
+
+    def _write(self, job: str, argv: list[str]) -> bool:
+        """A write to ``job``, after :meth:`_verify`; False when refused."""
+        if not self._verify(job):
+            return False
+        self.runner.write(argv)
+        return True
 
     def _jobs(self) -> list[JobRecord]:
         return parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
@@ -170,7 +277,7 @@ class SlurmBackend:
                    soon: set[str]) -> JobState | None:
         book = self.books.get(r.job_id, Book())
         spec = JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
-                       tag.rescale_down_s, tag.profile, r.submit_s or 0.0, r.name)
+                       tag.rescale_down_s, self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name)
         phase = r.phase
         nodes: tuple[str, ...] = ()
         if phase is Phase.RUNNING:
@@ -213,7 +320,7 @@ class SlurmBackend:
 
     def _hold(self, job: str) -> None:
         try:
-            self.runner.write(["scontrol", "hold", job])
+            self._write(job, ["scontrol", "hold", job])
         except SlurmCommandError as exc:
             log.warning("job %s: hold failed: %s", job, exc)
 
@@ -240,6 +347,8 @@ class SlurmBackend:
                         self.events.stops += 1
                     else:
                         relaunch.append(a)
+                elif not self._verify(a.job_id):
+                    continue
                 else:
                     self._put(a.job_id, replace(book, running=(), last_change_s=now))
                     self.runner.write(["scontrol", "requeuehold", a.job_id])
@@ -263,6 +372,8 @@ class SlurmBackend:
 
     def _hold_launching(self, job: str) -> bool:
         """Hold a job we released; False when it started meanwhile (requeue it instead)."""
+        if not self._verify(job):
+            raise SlurmCommandError(["scontrol", "hold", job], None, "refused: the job no longer matches")
         self.runner.write(["scontrol", "hold", job])
         out = self.runner.read(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"])
         state = (out.strip().split("|") + ["", ""])[1]
@@ -279,9 +390,12 @@ class SlurmBackend:
         self._put(a.job_id, Book(launching=tuple(a.to_nodes), launch_t=now, last_change_s=now,
                                  paused_until_s=now + pause, running=()))
         try:
-            self.runner.write(["scontrol", "update", f"jobid={a.job_id}", f"NumNodes={k}-{k}",
-                               f"ReqNodeList={collect(a.to_nodes)}", "StartTime=now"])
-            self.runner.write(["scontrol", "release", a.job_id])
+            ok = (self._write(a.job_id, ["scontrol", "update", f"jobid={a.job_id}", f"NumNodes={k}-{k}",
+                                         f"ReqNodeList={collect(a.to_nodes)}", "StartTime=now"])
+                  and self._write(a.job_id, ["scontrol", "release", a.job_id]))
+            if not ok:
+                raise SlurmCommandError(["scontrol", "release", a.job_id], None,
+                                        "refused: the job no longer matches")
         except SlurmCommandError as exc:
             self.events.failed_actions += 1
             self._put(a.job_id, replace(book, launching=(), running=()))

@@ -2,7 +2,14 @@
 
 The daemon reads text formats (``squeue -o``/``sinfo -o`` with ``|``
 separators and ``SLURM_TIME_FORMAT=%s`` epoch times): they are cheap, and
-stable across releases.  :func:`jobs_from_json` and :func:`nodes_from_json`
+stable across releases.  **No user-controlled text is ever split into
+records**: Slurm prints job names and comments raw, newlines and ``|``
+included, so the queue-wide read (:data:`SQUEUE_FORMAT`) holds only fields
+Slurm itself writes (ids, states, reasons, counts, node lists, times, the
+owner) and every line must match them exactly.  A job's comment (its tag) is
+read alone, with ``squeue -j JOB`` and the comment as the last field
+(:data:`TAG_FORMAT`): everything after the third ``|`` of that one record
+is the comment, whatever it contains (:func:`parse_tag_record`).  :func:`jobs_from_json` and :func:`nodes_from_json`
 normalise ``--json`` output into the same records, for tools reading JSON;
 its shapes differ by version:
 
@@ -35,6 +42,8 @@ REVOKED
 from __future__ import annotations
 
 import enum
+import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,9 +95,10 @@ class JobRecord:
     start_s: float | None        # actual (running) or planned (pending) start
     sched_nodes: tuple[str, ...]  # nodes a pending job is planned on
     submit_s: float | None
-    name: str
     user: str
-    comment: str
+    uid: int | None = None       # the owner's uid (``%U``)
+    name: str = ""               # user text: only from JSON or the job's tag, never split
+    comment: str = ""
     restarts: int = 0
 
     @property
@@ -156,29 +166,65 @@ def _null(text: str) -> str:
 
 # ---------------------------------------------------------------- text formats
 
-SQUEUE_FORMAT = "%i|%P|%T|%r|%D|%N|%S|%Y|%V|%j|%u|%k"
+SQUEUE_FORMAT = "%i|%P|%T|%r|%D|%N|%S|%Y|%V|%u|%U"   # Slurm-written fields only
+TAG_FORMAT = "%i|%U|%P|%k"                        # one job; the comment last, read whole
 SINFO_FORMAT = "%N|%T|%G|%f"
 
 _NODE_SUFFIX = "*~#!%$@^-"
 
+# What each Slurm-written field may look like; a line that does not match is
+# not a record (no user can produce one: none of these fields holds user text).
+_JOB_ID = re.compile(r"\d{1,12}(?:_(?:\d{1,12}|\[[\d,\-%]{1,200}\]))?(?:\+\d{1,6})?")
+_WORD = re.compile(r"[A-Z_]{1,40}")
+_PARTS = re.compile(r"[A-Za-z0-9_.,\-]{1,400}")
+_NODES = re.compile(r"[A-Za-z0-9_.,\-\[\]()]{0,100000}")
+_REASON = re.compile(r"[ -~]{0,200}")
+_NUM = re.compile(r"\d{1,12}|N/A|\(null\)|None|Unknown|")
+_USER = re.compile(r"[A-Za-z0-9_.@\-$]{1,64}|\(null\)|\d{1,10}")
+_FIELDS = (_JOB_ID, _PARTS, _WORD, _REASON, re.compile(r"\d{1,9}"), _NODES, _NUM, _NODES, _NUM,
+           _USER, re.compile(r"\d{1,10}"))
+
 
 def parse_squeue(text: str) -> list[JobRecord]:
+    """:data:`SQUEUE_FORMAT` lines → records; any line that is not exactly one record is an error."""
     out = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        parts = line.split("|", 11)   # the comment comes last and may hold '|'
-        if len(parts) != 12:
-            raise BackendError(f"unexpected squeue line (want 12 fields): {line!r}")
-        jid, part, state, reason, count, nodes, start, sched, submit, name, user, comment = parts
-        try:
-            n = int(count)
-        except ValueError:
-            raise BackendError(f"squeue: bad node count {count!r} in {line!r}") from None
-        out.append(JobRecord(jid.strip(), part.strip(), state.strip().upper(), _null(reason),
-                             n, expand(nodes), _epoch(start), expand(sched), _epoch(submit),
-                             name, _null(user), _null(comment)))
+        parts = line.split("|")
+        if len(parts) != len(_FIELDS) or not all(rx.fullmatch(v.strip()) for rx, v in zip(_FIELDS, parts)):
+            raise BackendError(f"unexpected squeue line (want {len(_FIELDS)} Slurm fields): {line[:200]!r}")
+        jid, part, state, reason, count, nodes, start, sched, submit, user, uid = (v.strip() for v in parts)
+        out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
+                             expand(sched), _epoch(submit), _null(user), int(uid)))
     return out
+
+
+@dataclass(frozen=True)
+class TagRecord:
+    """One job's owner, partition and comment, read alone (:data:`TAG_FORMAT`)."""
+
+    job_id: str
+    uid: int
+    partition: str
+    comment: str
+
+
+def parse_tag_record(job_id: str, text: str) -> TagRecord | None:
+    """``squeue -h -j JOB -o TAG_FORMAT`` output → the record, None when the job is gone.
+
+    The output is one record whose last field is the comment: whatever follows
+    the third ``|`` (newlines, ``|``, forged records) belongs to the comment.
+    """
+    if not text.strip():
+        return None
+    if text.endswith("\n"):
+        text = text[:-1]
+    parts = text.split("|", 3)
+    if (len(parts) != 4 or parts[0] != job_id or not parts[1].isdigit()
+            or not _PARTS.fullmatch(parts[2])):
+        raise BackendError(f"unexpected squeue record for job {job_id}: {text[:200]!r}")
+    return TagRecord(job_id, int(parts[1]), parts[2], _null(parts[3]))
 
 
 def parse_sinfo(text: str) -> list[NodeRecord]:
@@ -264,9 +310,13 @@ def jobs_from_json(data: Mapping) -> list[JobRecord]:
             str(j["job_id"]), j.get("partition", ""), state, j.get("state_reason", "") or "",
             int(number(j.get("node_count")) or 0), expand(j.get("nodes") or ""),
             start if start else None, expand(sched), number(j.get("submit_time")),
-            j.get("name", ""), j.get("user_name", ""), j.get("comment") or "",
-            int(number(j.get("restart_cnt")) or 0)))
+            j.get("user_name", ""), uid=_int_or_none(number(j.get("user_id"))), name=j.get("name", ""),
+            comment=j.get("comment") or "", restarts=int(number(j.get("restart_cnt")) or 0)))
     return out
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return int(value) if value is not None and math.isfinite(value) else None
 
 
 def nodes_from_json(data: Mapping) -> list[NodeRecord]:
@@ -283,6 +333,11 @@ def nodes_from_json(data: Mapping) -> list[NodeRecord]:
 # ---------------------------------------------------------------- the job tag
 
 TAG = "malletrain:v1"
+MAX_TAG_BYTES = 4096         # a longer comment is not a tag
+MAX_TAG_NODES = 100_000      # min/max beyond this are not a tag (the daemon clamps to its pool)
+MAX_TAG_PAUSE_S = 1e7        # rescale pauses beyond this are not a tag (the config clamps lower)
+_TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_PROFILE = re.compile(r"[A-Za-z0-9_.\-]{0,64}")
 
 
 @dataclass(frozen=True)
@@ -290,7 +345,9 @@ class Tag:
     """What ``malletrain submit`` writes into ``--comment``: the job's spec.
 
     The daemon re-adopts jobs from Slurm alone, so the spec travels with the
-    job.  ``token`` makes submissions idempotent.
+    job.  ``token`` makes submissions idempotent.  Everything in it comes from
+    the job's owner: :func:`parse_tag` accepts only bounded, finite values, a
+    plain profile name and an absolute, normalised metrics directory.
     """
 
     token: str
@@ -300,25 +357,50 @@ class Tag:
     rescale_up_s: float = 0.0
     rescale_down_s: float = 0.0
     metrics_dir: str = ""
+    name: str = ""
 
     def encode(self) -> str:
         fields = [("token", self.token), ("min", self.min_nodes), ("max", self.max_nodes),
                   ("profile", self.profile), ("up", self.rescale_up_s),
                   ("down", self.rescale_down_s), ("metrics", self.metrics_dir)]
+        if self.name:
+            fields.append(("name", self.name))
         return TAG + " " + " ".join(f"{k}={quote(str(v), safe='/.-_')}" for k, v in fields)
 
 
+def tag_problem(tag: Tag) -> str | None:
+    """Why ``tag`` is not acceptable, or None (shared by ``submit`` and the daemon)."""
+    if not _TOKEN.fullmatch(tag.token):
+        return "token: 1-64 characters of A-Z a-z 0-9 _ . -"
+    if not (1 <= tag.min_nodes <= tag.max_nodes <= MAX_TAG_NODES):
+        return f"need 1 <= min nodes <= max nodes <= {MAX_TAG_NODES}"
+    for what, v in (("rescale-up", tag.rescale_up_s), ("rescale-down", tag.rescale_down_s)):
+        if not (math.isfinite(v) and 0 <= v <= MAX_TAG_PAUSE_S):
+            return f"{what}: need a finite number of seconds in [0, {MAX_TAG_PAUSE_S:g}]"
+    if not _PROFILE.fullmatch(tag.profile):
+        return "profile: at most 64 characters of A-Z a-z 0-9 _ . -"
+    d = tag.metrics_dir
+    if d and not (d.startswith("/") and len(d) <= 1024 and d.isprintable()
+                  and all(c not in ("", ".", "..") for c in d.split("/")[1:]) or d == "/"):
+        return "metrics dir: an absolute, normalised path of printable characters (<= 1024)"
+    if len(tag.name) > 256 or not tag.name.isprintable():
+        return "name: at most 256 printable characters"
+    return None
+
+
 def parse_tag(comment: str) -> Tag | None:
-    """The tag in a job's comment, or None when the job is not malleable."""
-    if not comment.startswith(TAG + " "):
+    """The tag in a job's comment, or None when the job is not (validly) malleable."""
+    if not comment.startswith(TAG + " ") or len(comment) > MAX_TAG_BYTES or not comment.isprintable():
         return None
     try:
-        kv = dict(tok.split("=", 1) for tok in comment[len(TAG) + 1:].split())
-        kv = {k: unquote(v) for k, v in kv.items()}
-        tag = Tag(kv["token"], int(kv["min"]), int(kv["max"]), kv.get("profile", ""),
-                  float(kv.get("up", 0)), float(kv.get("down", 0)), kv.get("metrics", ""))
-    except (KeyError, ValueError):
+        kv = dict(tok.split("=", 1) for tok in comment[len(TAG) + 1:].split(" ") if tok)
+        kv = {k: unquote(v, errors="strict") for k, v in kv.items()}
+        ints = [kv["min"], kv["max"]]
+        if not all(x.isdigit() and len(x) <= 7 for x in ints):
+            return None
+        tag = Tag(kv["token"], int(ints[0]), int(ints[1]), kv.get("profile", ""),
+                  float(kv.get("up", 0)), float(kv.get("down", 0)), kv.get("metrics", ""),
+                  kv.get("name", ""))
+    except (KeyError, ValueError, UnicodeDecodeError):
         return None
-    if not (1 <= tag.min_nodes <= tag.max_nodes):
-        return None
-    return tag
+    return None if tag_problem(tag) else tag

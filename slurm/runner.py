@@ -97,11 +97,14 @@ class Runner:
         assert last is not None
         raise last
 
-    def write(self, argv: Sequence[str], timeout_s: float | None = None) -> str:
-        """Run a command that changes state; never retried here."""
-        return self._once(argv, timeout_s, "write")
+    def write(self, argv: Sequence[str], timeout_s: float | None = None,
+              env: Mapping[str, str] | None = None) -> str:
+        """Run a command that changes state; never retried here.  ``env`` replaces the
+        sanitised environment (``sbatch`` runs in the submitting user's own)."""
+        return self._once(argv, timeout_s, "write", env)
 
-    def _once(self, argv: Sequence[str], timeout_s: float | None, kind: str) -> str:
+    def _once(self, argv: Sequence[str], timeout_s: float | None, kind: str,
+              env: Mapping[str, str] | None = None) -> str:
         argv = [str(a) for a in argv]
         t0 = time.perf_counter()
         if kind == "read":
@@ -111,7 +114,8 @@ class Runner:
             self.stats.writes += 1
             self.stats.total_writes += 1
         try:
-            proc = self._exec(argv, capture_output=True, text=True, env=self.env,
+            proc = self._exec(argv, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              env=dict(env) if env is not None else self.env,
                               timeout=timeout_s or self.timeout_s, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
             self._failed()

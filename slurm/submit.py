@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import time
 from collections.abc import Sequence
 from importlib import resources
 
 from malletrain.domain.errors import InputError
-from malletrain.slurm.parse import Tag, parse_tag
+from malletrain.slurm.parse import TAG_FORMAT, Tag, parse_tag, parse_tag_record, tag_problem
 from malletrain.slurm.runner import Runner, SlurmCommandError
 
 log = logging.getLogger("malletrain.slurm")
@@ -43,10 +44,17 @@ def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launc
         # no --kill-on-bad-exit: one task exiting 3 ("stopped") must not turn its peers'
         # clean exits into "Terminated" (srun would then return 143, not 3)
         cmd = f"srun --ntasks-per-node={tasks_per_node} {cmd}"
-    fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": f"{grace_s:g}", "launch": cmd}
-    for key, value in fields.items():
-        template = template.replace("{{" + key + "}}", value)
-    return template
+    fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": shlex.quote(f"{grace_s:g}"), "launch": cmd}
+    # one pass: a value that itself contains {{...}} is never expanded again
+    return _FIELD.sub(lambda m: fields[m.group(1)] if m.group(1) in fields else m.group(0), template)
+
+
+_FIELD = re.compile(r"\{\{(\w+)\}\}")
+
+
+def profile_name(text: str) -> str:
+    """A valid profile name made from free text (a job or campaign name)."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", text)[:64]
 
 
 def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes: int,
@@ -60,11 +68,16 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
         raise InputError("no command given (put it after --)")
     if not 1 <= min_nodes <= max_nodes:
         raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {min_nodes} and {max_nodes}")
-    tag = Tag(token, min_nodes, max_nodes, profile, rescale_up_s, rescale_down_s, metrics_dir)
+    tag = Tag(token, min_nodes, max_nodes, profile, rescale_up_s, rescale_down_s, metrics_dir,
+              name=name if name.isprintable() else "")
+    problem = tag_problem(tag)
+    if problem:
+        raise InputError(f"cannot make a malleable job of this: {problem}")
+    # sbatch expands %x/%j in --output; a '%' of the directory itself is written %%
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
             f"--nodes={min_nodes}", "--exclusive", "--requeue", "--hold",
             f"--signal=B:USR2@{signal_s}", "--open-mode=append",
-            f"--output={metrics_dir}/%x-%j.out", f"--comment={tag.encode()}"]
+            f"--output={metrics_dir.replace('%', '%%')}/%x-%j.out", f"--comment={tag.encode()}"]
     if gpus_per_node:
         argv.append(f"--gres=gpu:{gpus_per_node}")
     if time_limit:
@@ -85,34 +98,50 @@ def read_template() -> str:
                          path=f"malletrain/slurm/templates/{TEMPLATE}") from None
 
 
-def find_token(runner: Runner, token: str) -> str | None:
-    """The id of the live job whose comment carries ``token``, if any."""
-    out = runner.read(["squeue", "-h", "-a", "-o", "%i|%k"])
-    for line in out.splitlines():
-        jid, _, comment = line.partition("|")
-        tag = parse_tag(comment)
+def find_token(runner: Runner, token: str, partition: str, uid: int | None = None) -> str | None:
+    """The id of the caller's live job in ``partition`` whose tag carries ``token``, if any.
+
+    Only the caller's own jobs are listed, and each one's comment is read alone
+    (another user's comment cannot forge a match).
+    """
+    uid = os.getuid() if uid is None else uid
+    ids = runner.read(["squeue", "-h", "-a", "-u", str(uid), "-p", partition, "-o", "%i"]).split()
+    for jid in ids:
+        if not jid.isdigit():
+            continue
+        rec = parse_tag_record(jid, runner.read(["squeue", "-h", "-j", jid, "-o", TAG_FORMAT]))
+        tag = parse_tag(rec.comment) if rec is not None and rec.uid == uid else None
         if tag is not None and tag.token == token:
             return jid
     return None
 
 
-def submit(runner: Runner, argv: Sequence[str], token: str, *, attempts: int = 3) -> str:
+def user_env(runner: Runner) -> dict[str, str]:
+    """sbatch's environment: the user's own, untouched (SBATCH_ACCOUNT, SBATCH_QOS, LANG …
+    keep working; the job inherits it), plus the configured SLURM_CONF."""
+    env = dict(os.environ)
+    if runner.env.get("SLURM_CONF"):
+        env["SLURM_CONF"] = runner.env["SLURM_CONF"]
+    return env
+
+
+def submit(runner: Runner, argv: Sequence[str], token: str, partition: str, *, attempts: int = 3) -> str:
     """``sbatch --parsable`` made idempotent: before every retry, look the token up."""
     last: SlurmCommandError | None = None
     for attempt in range(attempts):
         if attempt:
-            found = find_token(runner, token)
+            found = find_token(runner, token, partition)
             if found:
                 log.info("sbatch attempt %d had succeeded: job %s carries token %s", attempt, found, token)
                 return found
             time.sleep(0.5 * attempt)
         try:
-            out = runner.write(list(argv))
+            out = runner.write(list(argv), env=user_env(runner))
             return out.strip().split(";")[0]
         except SlurmCommandError as exc:
             last = exc
             log.warning("sbatch failed (attempt %d): %s", attempt + 1, exc)
-    found = find_token(runner, token)
+    found = find_token(runner, token, partition)
     if found:
         return found
     assert last is not None
@@ -128,4 +157,4 @@ def submit_job(runner: Runner, partition: str, command: list[str], *, token: str
     with open(script_path, "w", encoding="utf-8") as fh:
         fh.write(script)
     os.chmod(script_path, 0o755)
-    return submit(runner, argv, token)
+    return submit(runner, argv, token, partition)

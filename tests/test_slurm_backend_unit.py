@@ -24,14 +24,18 @@ class FakeSlurm:
     def __call__(self, argv, **kw):
         self.calls.append(argv)
         cmd = argv[0]
-        if cmd == "squeue" and "-j" in argv:
+        if cmd == "squeue" and "-j" in argv and argv[-1] == "%i|%U|%P|%k":
+            j = argv[argv.index("-j") + 1]
+            r = self.jobs.get(j)
+            out = f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" if r else ""
+        elif cmd == "squeue" and "-j" in argv:
             ids = argv[argv.index("-j") + 1].split(",")
             out = "".join(f"{j}|{self.jobs[j]['state']}|{self.jobs[j]['reason']}\n" for j in ids if j in self.jobs)
         elif cmd == "squeue":
             out = "".join(
                 f"{j}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
                 f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
-                f"100|job{j}|u|{r['comment']}\n" for j, r in self.jobs.items())
+                f"100|u|{r.get('uid', 1000)}\n" for j, r in self.jobs.items())
         elif cmd == "sinfo":
             out = "".join(f"{n}|{s}|gpu:4|(null)\n" for n, s in self.nodes.items())
         elif cmd == "scontrol" and argv[1] == "-o":
@@ -148,3 +152,82 @@ def test_finished_and_foreign_jobs():
     del fake.jobs["11"]
     obs = b.observe()
     assert obs.finished == ("11",) and "11" not in b.books and saved["11"] is None
+
+
+# ---------------------------------------------------------------- trust (SECURITY.md)
+
+def _writes(fake):
+    return [c for c in fake.calls if c[0] == "scontrol" and c[1] != "-o"]
+
+
+def test_forged_comment_cannot_steer_writes_onto_another_users_job():
+    """Bob's comment holds a newline and a well-formed record naming Alice's job 7 and a
+    pending primary job: neither the queue read nor the tag read can be forged by it."""
+    fake = FakeSlurm()
+    _held(fake, "7")
+    fake.jobs["7"]["uid"] = 1001
+    forged = ("x\n7|scavenger|RUNNING|None|1|n1|100|(null)|100|alice|1001\n"
+              "9|batch|PENDING|Resources|1||1|n2|100|carol|1003\n" + TAG.replace("tok", "evil"))
+    fake.jobs["12"] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(),
+                           comment=forged, uid=1002)
+    fake.jobs["9"] = dict(partition="batch", state="PENDING", reason="Resources", nodes=(), comment="",
+                          uid=1003)
+    b, _, _ = _backend(fake)
+    obs = b.observe()
+    assert [j.job_id for j in obs.snapshot.jobs] == ["7"]          # 12's comment is not a tag
+    assert obs.facts["7"].uid == 1001 and obs.facts["7"].profile == "u/p"
+    assert b.tag_records["12"].comment == forged                  # read whole, as one comment
+    b.apply([Action("12", ActionKind.START, (), ("n1",), "why", ReasonCode.GAIN),
+             Action("9", ActionKind.STOP, ("n2",), (), "why", ReasonCode.GAIN)])
+    assert _writes(fake) == [] and b.events.refused_writes == 2
+
+
+def test_every_write_re_checks_owner_partition_and_tag():
+    fake = FakeSlurm()
+    _held(fake, "7")
+    b, _, _ = _backend(fake)
+    b.observe()
+    fake.jobs["7"]["comment"] = TAG.replace("max=4", "max=2")     # the owner edits the tag
+    b.apply([Action("7", ActionKind.START, (), ("n1", "n2", "n3"), "why", ReasonCode.GAIN)])
+    assert _writes(fake) == [] and b.events.refused_writes == 1
+    (job,) = b.observe().snapshot.jobs                              # decided again from the new tag
+    assert job.spec.max_nodes == 2
+    fake.jobs["7"]["partition"] = "batch"                          # moved out of the partition
+    b.apply([Action("7", ActionKind.START, (), ("n1",), "why", ReasonCode.GAIN)])
+    assert _writes(fake) == [] and b.events.refused_writes == 2
+    fake.jobs["7"]["partition"] = "scavenger"
+    b.observe()
+    b.apply([Action("7", ActionKind.START, (), ("n1",), "why", ReasonCode.GAIN)])
+    assert [c[1] for c in _writes(fake)] == ["update", "release"]
+    # each write was preceded by its own re-read of the job
+    reads = [c for c in fake.calls if c[0] == "squeue" and c[-1] == "%i|%U|%P|%k"]
+    assert len(reads) >= 2 + 2
+
+
+def test_tag_reads_are_bounded_and_fair_across_users():
+    fake = FakeSlurm()
+    for i in range(100, 160):                                     # a flood from one user
+        _held(fake, str(i))
+        fake.jobs[str(i)]["uid"] = 2000
+    _held(fake, "500")                                            # one honest job, submitted later
+    fake.jobs["500"]["uid"] = 1001
+    b, _, _ = _backend(fake, max_tag_reads=5)
+    obs = b.observe()
+    assert "500" in {j.job_id for j in obs.snapshot.jobs}        # served in the first cycle
+    assert b.events.tag_reads == 5
+    for _ in range(12):
+        obs = b.observe()
+    assert len(obs.snapshot.jobs) == 61 and b.events.tag_reads == 61   # each tag read once
+
+
+def test_user_numbers_are_clamped_and_profiles_are_per_user():
+    fake = FakeSlurm()
+    fake.jobs["7"] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(),
+                          comment=Tag("a", 1, 90000, "resnet", 9e6, 5.0, "").encode(), uid=1001)
+    fake.jobs["8"] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(),
+                          comment=Tag("b", 1, 2, "shared-bert", 1.0, 1.0, "").encode(), uid=1002)
+    b, _, _ = _backend(fake, max_rescale_pause_s=600, shared_profiles=("shared-bert",))
+    obs = b.observe()
+    a, c = obs.snapshot.jobs
+    assert a.spec.max_nodes == 4 and a.spec.rescale_up_s == 600 and a.spec.rescale_down_s == 5
+    assert obs.facts["7"].profile == "u/resnet" and obs.facts["8"].profile == "shared-bert"

@@ -140,10 +140,10 @@ def test_submit_is_idempotent_when_sbatch_times_out_after_submitting(clean, tmp_
     tag = "malletrain:v1 token=idem42 min=1 max=2 profile=p up=0 down=0 metrics="
     argv = ["sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--hold", "--requeue",
             f"--comment={tag}", "-o", "/dev/null", str(script)]
-    job = submit(runner, argv, "idem42")
+    job = submit(runner, argv, "idem42", "scavenger")
     assert calls.count("sbatch") == 1
     assert [j for j, r in clean.jobs().items() if "idem42" in r["comment"]] == [job]
-    assert find_token(runner, "idem42") == job
+    assert find_token(runner, "idem42", "scavenger") == job
 
 
 # ---------------------------------------------------------------- daemon behaviour

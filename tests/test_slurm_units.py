@@ -11,7 +11,7 @@ import pytest
 from malletrain.daemon.progress import ProgressTail
 from malletrain.daemon.service import DaemonMetrics, JsonFormatter, Notifier
 from malletrain.domain.config import config_from_mapping, load_config
-from malletrain.domain.errors import BackendError, ConfigError
+from malletrain.domain.errors import BackendError, ConfigError, InputError
 from malletrain.slurm import parse
 from malletrain.slurm.runner import Runner, SlurmCommandError, clean_env
 from malletrain.slurm.submit import build_submission
@@ -64,12 +64,12 @@ def test_numbers_and_bad_lines():
     assert parse.number({"set": False, "infinite": False, "number": 5}) is None
     assert parse.number({"set": True, "infinite": True, "number": 0}) is None
     assert parse.number(7) == 7 and parse.number(None) is None
-    with pytest.raises(BackendError, match="want 12 fields"):
+    with pytest.raises(BackendError, match="want 11 Slurm fields"):
         parse.parse_squeue("1|batch|RUNNING\n")
     with pytest.raises(BackendError, match="node list"):
         parse.expand("n[1-")
-    with pytest.raises(BackendError, match="epoch"):
-        parse.parse_squeue("1|b|PENDING|r|1||2026-01-01T00:00:00|(null)|1|x|u|(null)\n")
+    with pytest.raises(BackendError, match="Slurm fields"):   # times must be epoch seconds
+        parse.parse_squeue("1|b|PENDING|r|1||2026-01-01T00:00:00|(null)|1|u|0\n")
 
 
 def test_reservations():
@@ -77,6 +77,47 @@ def test_reservations():
     (r,) = parse.parse_reservations(text)
     assert (r.start_s, r.end_s, r.nodes) == (100, 200, ("n1", "n2"))
     assert parse.parse_reservations("No reservations in the system\n") == []
+
+
+def test_tag_record_of_the_fixture():
+    rec = parse.parse_tag_record("7", _load("squeue-tag-22.05.txt"))
+    assert (rec.uid, rec.partition) == (0, "scavenger") and parse.parse_tag(rec.comment).metrics_dir == "/tmp/m"
+
+
+FORGED = "7|scavenger|PENDING|JobHeldUser|1||N/A|(null)|1795352834|alice|1001"
+
+
+@pytest.mark.parametrize("text", [
+    "x\n" + FORGED,                  # a newline, then a well-formed record
+    "a|b|c",                         # '|' shifts fields
+    "malletrain:v1 token=t min=1 max=4\n" + FORGED,
+])
+def test_user_text_cannot_forge_a_queue_record(text):
+    """Names and comments never reach the queue-wide read; if Slurm's output did hold user
+    text (an older format, a bug), a line that is not exactly Slurm's fields is an error,
+    never a record."""
+    good = "9|batch|PENDING|Resources|4||1795352894|n[1-4]|1795352834|bob|1002"
+    with pytest.raises(BackendError):
+        parse.parse_squeue(good + "|" + text + "\n")
+    # the tag read takes everything after the third '|' as the one job's comment
+    rec = parse.parse_tag_record("12", f"12|1002|scavenger|{text}\n")
+    assert rec.job_id == "12" and rec.uid == 1002 and rec.comment == text
+    assert parse.parse_tag(rec.comment) is None
+    with pytest.raises(BackendError):
+        parse.parse_tag_record("12", f"7|1001|scavenger|{text}\n")   # not the job asked for
+    assert parse.parse_tag_record("12", "") is None
+
+
+@pytest.mark.parametrize("change", [
+    ("max=4", "max=" + "9" * 310), ("up=2.0", "up=1e12"), ("up=2.0", "up=nan"), ("up=2.0", "up=inf"),
+    ("down=1.0", "down=-1"), ("min=1", "min=0"), ("metrics=/tmp/m", "metrics=rel/dir"),
+    ("metrics=/tmp/m", "metrics=/tmp/../etc"), ("metrics=/tmp/m", "metrics=/tmp/m%00x"),
+    ("metrics=/tmp/m", "metrics=/tmp/m%0Ax"), ("profile=p", "profile=a%2Fb"), ("profile=p", "profile=%1B%5B31m"),
+    ("token=tok", "token=" + "t" * 65), ("profile=p", "profile=p x=" + "y" * 5000)])
+def test_hostile_tags_are_not_tags(change):
+    good = parse.Tag("tok", 1, 4, "p", 2.0, 1.0, "/tmp/m").encode()
+    assert parse.parse_tag(good) is not None
+    assert parse.parse_tag(good.replace(*change)) is None
 
 
 def test_tag_roundtrip_and_garbage():
@@ -241,3 +282,28 @@ def test_systemd_unit_verifies(tmp_path):
     out = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True)
     problems = [x for x in (out.stdout + out.stderr).splitlines() if "malletrain.service" in x]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
+
+
+def test_submission_quotes_hostile_values_in_one_pass():
+    d = "/home/u/{{launch}}/100%/it's"
+    argv, script = build_submission(
+        ["python", "t.py"], name="n\x1b[31m", min_nodes=1, max_nodes=2, gpus_per_node=0, profile="p",
+        time_limit=None, rescale_up_s=1, rescale_down_s=1, metrics_dir=d, partition="scavenger",
+        token="t1", script_path=d + "/job.sbatch")
+    assert "--output=/home/u/{{launch}}/100%%/it's/%x-%j.out" in argv
+    assert "export MALLETRAIN_METRICS='/home/u/{{launch}}/100%/it'\"'\"'s'/" in script
+    assert script.count("python t.py") == 1                # the {{launch}} in the path stayed text
+    tag = parse.parse_tag(next(a for a in argv if a.startswith("--comment="))[len("--comment="):])
+    assert tag.metrics_dir == d and tag.name == ""       # a name with escapes is not copied into the tag
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(max_nodes=10**310), "max nodes"), (dict(rescale_up_s=1e12), "rescale-up"),
+    (dict(rescale_up_s=float("nan")), "rescale-up"), (dict(profile="a/b"), "profile"),
+    (dict(metrics_dir="/a/../b"), "metrics dir")])
+def test_submission_rejects_what_the_daemon_would_not_accept(kw, match):
+    spec = dict(name="x", min_nodes=1, max_nodes=2, gpus_per_node=0, profile="p", time_limit=None,
+                rescale_up_s=1, rescale_down_s=1, metrics_dir="/m", partition="s", token="t", script_path="/m/s")
+    spec.update(kw)
+    with pytest.raises(InputError, match=match):
+        build_submission(["true"], **spec)

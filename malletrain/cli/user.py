@@ -49,12 +49,12 @@ def cmd_submit(args) -> int:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    from malletrain.slurm.submit import submit_job
+    from malletrain.slurm.submit import profile_name, submit_job
     job = submit_job(
         _runner(cfg), cfg.slurm.partition, command, token=uuid.uuid4().hex[:16], metrics_dir=metrics_dir,
         name=args.name,
         min_nodes=args.min_nodes, max_nodes=args.max_nodes, gpus_per_node=args.gpus_per_node,
-        profile=args.profile or args.name, time_limit=args.time, rescale_up_s=args.rescale_up,
+        profile=args.profile or profile_name(args.name), time_limit=args.time, rescale_up_s=args.rescale_up,
         rescale_down_s=args.rescale_down, grace_s=args.grace_s, launch=args.launch)
     print(job)
     print(f"malletrain: submitted job {job} held in {cfg.slurm.partition}; the daemon starts it "
@@ -130,7 +130,7 @@ def cmd_campaign(args) -> int:
     cfg = _config(args.config)
     metrics_dir = metrics_dir_of(args.metrics_dir or os.path.join(spec.dir, "metrics"))
     if args.campaign_command == "submit":
-        from malletrain.slurm.submit import submit_job
+        from malletrain.slurm.submit import profile_name, submit_job
         job = spec.job
         runner = _runner(cfg)
 
@@ -138,7 +138,7 @@ def cmd_campaign(args) -> int:
             jid = submit_job(
                 runner, cfg.slurm.partition, command, token=token, metrics_dir=metrics_dir, name=name,
                 min_nodes=job.get("min_nodes", 1), max_nodes=job.get("max_nodes", 4),
-                gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", spec.name),
+                gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", profile_name(spec.name)),
                 time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
                 rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
                 launch=job.get("launch", "srun"))

@@ -26,6 +26,7 @@ class JobFacts:
     profile: str                       # scaling-prior key from the job's tag
     user: str = ""                     # the job's owner
     progress_path: str | None = None   # where the job appends progress records, if any
+    uid: int | None = None             # the owner's uid: progress files must be theirs
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ wrong types and out-of-range values, naming the file and key.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -75,6 +76,11 @@ def reject_unknown(data: Mapping, valid, where: str | None, *, what: str = "key"
                           f"{', '.join(valid)}", path=where)
 
 
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit integer"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -83,9 +89,17 @@ def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"expected a number, got {value!r}", path=where, field=key)
+        if abs(value) > 10**15 or not math.isfinite(value):
+            raise ConfigError(f"expected a finite number (|x| <= 1e15), got {_short(value)}", path=where, field=key)
         if isinstance(default, int) and not float(value).is_integer():
             raise ConfigError(f"expected an integer, got {value!r}", path=where, field=key)
         return type(default)(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"expected a list of non-empty strings, got {value!r}", path=where, field=key)
+        if len(value) > 1000:
+            raise ConfigError("at most 1000 entries", path=where, field=key)
+        return tuple(value)
     if isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"expected a string, got {value!r}", path=where, field=key)
     return value
@@ -127,11 +141,29 @@ class DaemonConfig:
     rescale_wait_s: float = 45.0     # wait this long for a requeued job to leave COMPLETING
     max_line_bytes: int = 4096       # longer progress lines are skipped
     log_format: str = "json"         # json | text
+    # --- what users control is bounded (SECURITY.md) ---
+    progress_roots: tuple = ("/home", "/scratch", "/work", "/tmp", "/var/tmp", "/srv")  # progress files only below these
+    shared_profiles: tuple = ()      # profile names all users share; any other profile is per user
+    max_rescale_pause_s: float = 3600.0  # a tag's --rescale-up/--rescale-down is clamped to this
+    max_samples_per_s: float = 1e9   # a progress rate above this is not physical: the record is skipped
+    max_records_per_job: int = 1000  # progress records read per job per cycle (the rest wait)
+    max_tag_reads: int = 50          # new jobs whose tag is read per cycle (fair across users)
+    samples_kept: int = 2000         # JPA samples kept per profile (oldest age out)
 
     def validate(self, where: str = "config") -> DaemonConfig:
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError("must be > 0", path=where, field=name)
+        if not self.interval_s >= 0.1:
+            raise ConfigError("must be >= 0.1 s", path=where, field="interval_s")
+        for name in ("max_samples_per_s", "max_records_per_job", "max_tag_reads", "samples_kept"):
+            if not getattr(self, name) > 0:
+                raise ConfigError("must be > 0", path=where, field=name)
+        if self.max_rescale_pause_s < 0:
+            raise ConfigError("must be >= 0", path=where, field="max_rescale_pause_s")
+        for root in self.progress_roots:
+            if not root.startswith("/") or "\0" in root:
+                raise ConfigError(f"{root!r} is not an absolute path", path=where, field="progress_roots")
         if self.vacate_lead_s < 0:
             raise ConfigError("must be >= 0", path=where, field="vacate_lead_s")
         if not 0 <= self.metrics_port <= 65535:
