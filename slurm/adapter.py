@@ -41,11 +41,11 @@ from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSp
 from malletrain.slurm.parse import (
     SINFO_FORMAT,
     SQUEUE_FORMAT,
+    TAG_FORMAT,
     JobRecord,
     NodeRecord,
     Phase,
     Reservation,
-    TAG_FORMAT,
     Tag,
     TagRecord,
     collect,

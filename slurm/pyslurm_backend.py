@@ -57,7 +57,8 @@ class PyslurmBackend(SlurmBackend):
                 float(job.start_time) if job.start_time else None,
                 expand(getattr(job, "scheduled_nodes", "") or ""),
                 float(job.submit_time) if job.submit_time else None,
-                job.name or "", job.user_name or "", job.comment or ""))
+                job.user_name or "", uid=int(job.user_id) if job.user_id is not None else None,
+                name=job.name or "", comment=job.comment or ""))
         return out
 
     def _nodes(self) -> list[NodeRecord]:

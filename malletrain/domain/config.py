@@ -77,7 +77,9 @@ def reject_unknown(data: Mapping, valid, where: str | None, *, what: str = "key"
 
 
 def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit integer"
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"a {len(str(abs(value)))}-digit integer"
+    text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -142,7 +144,8 @@ class DaemonConfig:
     max_line_bytes: int = 4096       # longer progress lines are skipped
     log_format: str = "json"         # json | text
     # --- what users control is bounded (SECURITY.md) ---
-    progress_roots: tuple = ("/home", "/scratch", "/work", "/tmp", "/var/tmp", "/srv")  # progress files only below these
+    # progress files are read only below these directories
+    progress_roots: tuple = ("/home", "/scratch", "/work", "/tmp", "/var/tmp", "/srv")
     shared_profiles: tuple = ()      # profile names all users share; any other profile is per user
     max_rescale_pause_s: float = 3600.0  # a tag's --rescale-up/--rescale-down is clamped to this
     max_samples_per_s: float = 1e9   # a progress rate above this is not physical: the record is skipped
