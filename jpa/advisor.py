@@ -44,6 +44,11 @@ def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:
     return tuple(counts[:k])
 
 
+MIN_RATE = 1e-9      # samples/s: slower is no measurement (and keeps 1/rate finite)
+MAX_RATE = 1e15
+MAX_NODES = 1_000_000
+
+
 class Advisor:
     """Online throughput profiler for all malleable jobs.
 
@@ -108,9 +113,9 @@ class Advisor:
     def add(self, sample: Sample) -> bool:
         """Record one sample; returns False (and counts it) when rejected."""
         x, n = sample.samples_per_s, sample.nodes
-        if (isinstance(n, bool) or not isinstance(n, int) or n <= 0
+        if (isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_NODES
                 or isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
-                or x <= 0 or x > 1e15 or not math.isfinite(sample.t_s)):
+                or not MIN_RATE <= x <= MAX_RATE or not math.isfinite(sample.t_s)):
             self.rejected += 1
             return False
         prev_n, run, last_t = self._run.get(sample.job_id, (0, 0, -math.inf))

@@ -32,10 +32,8 @@ import os
 import random
 from dataclasses import dataclass, field
 
-import yaml
-
-from malletrain.domain.config import reject_unknown
-from malletrain.domain.errors import InputError, yaml_problem
+from malletrain.domain.config import read_yaml, reject_unknown
+from malletrain.domain.errors import InputError
 
 TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
             "space", "fixed", "job")
@@ -62,14 +60,7 @@ class Spec:
 
 
 def load_spec(path: str) -> Spec:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
-    except OSError as exc:
-        raise InputError(f"cannot read campaign spec: {exc.strerror}", path=path) from None
-    except yaml.YAMLError as exc:
-        msg, line = yaml_problem(exc)
-        raise InputError(msg, path=path, line=line) from None
+    raw = read_yaml(path, what="campaign spec")
     if not isinstance(raw, dict):
         raise InputError("a campaign spec is a mapping (name, command, space, ...)", path=path)
     reject_unknown(raw, TOP_KEYS, path, within="the spec")

@@ -153,7 +153,7 @@ class SlurmBackend:
                 self.uids[r.job_id] = r.uid
             facts[r.job_id] = JobFacts(self._profile(r, tag), r.user,
                                        self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
-                                       uid=r.uid)
+                                       uid=r.uid, max_nodes=tag.max_nodes)
             st = self._job_state(r, tag, now, pool_names, soon)
             if st is not None:
                 states.append(st)
@@ -302,8 +302,8 @@ class SlurmBackend:
                 if not book.launching and book.running:
                     self.events.preemptions += 1
                 log.warning("job %s %s; holding it until the daemon gives it nodes", r.job_id, why)
-                self._hold(r.job_id)
                 self._put(r.job_id, replace(book, launching=(), running=(), last_change_s=now))
+                self._hold(r.job_id)       # after its write-ahead record, like every write
                 return None
         elif phase is Phase.HELD:
             if book.launching or book.running:

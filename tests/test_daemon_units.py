@@ -1,6 +1,7 @@
 """The daemon's data path without Slurm: progress file -> metrics source -> JPA,
 the advisor seeded from the store, reason codes on every action."""
 import json
+import os
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.loop import Daemon
@@ -33,7 +34,7 @@ def test_progress_source_reads_the_file_the_tag_names_and_forgets_finished_jobs(
     progress(path, 102.0, 400.0)
     journal = Journal()
     src = ProgressSource(ProgressTail(), journal)
-    obs = Observation(Snapshot(0.0, (), ()), (), {"7": JobFacts("resnet", "alice", str(path))})
+    obs = Observation(Snapshot(0.0, (), ()), (), {"7": JobFacts("resnet", "alice", str(path), uid=os.getuid())})
     got = src.poll(obs)
     assert [(s.job_id, s.nodes, s.samples_per_s) for s in got] == [("7", 2, 200.0), ("7", 2, 200.0)]
     assert journal.samples == list(got) and str(path) in journal.kv["tails"]
@@ -60,3 +61,90 @@ def test_daemon_seeds_the_advisor_from_its_store(tmp_path):
         assert set(d.source.advisor.measured("7")) == {1, 2, 4}
     finally:
         d.store.close()
+
+
+# ---------------------------------------------------------------- containment (SECURITY.md)
+
+def _daemon(tmp_path, fake, extra=""):
+    from malletrain.slurm.runner import Runner
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"daemon: {{state_dir: {tmp_path / 'state'}, metrics_port: 0, interval_s: 2, "
+                   f"rescale_wait_s: 1{extra}}}\n")
+    return Daemon(str(cfg), runner=Runner(exec_fn=fake, sleep=lambda s: None, retries=0)), cfg
+
+
+def test_a_store_that_takes_no_writes_stops_all_writes_and_heals_by_itself(tmp_path, caplog):
+    import sqlite3
+    import stat
+
+    from helpers import FakeSlurm, held_job
+
+    from malletrain.daemon.status import read_status
+    fake = FakeSlurm()
+    held_job(fake, "7")
+    d, _ = _daemon(tmp_path, fake)
+    try:
+        good = d.store.db
+        d.store.db = sqlite3.connect(":memory:")
+        d.store.db.close()                    # every write now fails, like a full disk
+        for _ in range(3):
+            d.cycle_once()                    # never raises
+        writes = [c for c in fake.calls if c[0] == "scontrol" and c[1] != "-o"]
+        assert writes == []
+        st = read_status(str(tmp_path / "state" / "status.json"))
+        assert not st.state_writable and "state store" in st.state_error
+        assert d.metrics.state_writable._value.get() == 0
+        assert "applying nothing" in caplog.text
+        d.store.db = good                     # space is back
+        d.cycle_once()
+        assert [c[1] for c in fake.calls if c[0] == "scontrol" and c[1] != "-o"] == ["update", "release"]
+        assert read_status(str(tmp_path / "state" / "status.json")).state_writable
+        mode = stat.S_IMODE(os.stat(tmp_path / "state" / "state.db").st_mode)
+        assert mode == 0o600
+        assert stat.S_IMODE(os.stat(tmp_path / "state" / "status.json").st_mode) == 0o640
+    finally:
+        d.store.close()
+
+
+def test_a_bad_reload_keeps_the_running_config(tmp_path):
+    from helpers import FakeSlurm
+    d, cfg = _daemon(tmp_path, FakeSlurm())
+    try:
+        for text in ("daemon: {interval_s: .inf}\n", "daemon: {vacate_lead_s: .nan}\n",
+                     "daemon: {interval_s: 1e-300}\n", "[" * 10000 + "\n", "\0\xff", "core: {policy: oracle}\n"):
+            cfg.write_text(text)
+            d._reload = True
+            d._do_reload()
+            assert d.config.daemon.interval_s == 2 and d.config.daemon.vacate_lead_s == 60
+        assert d.metrics.reload_failures._value.get() == 6
+    finally:
+        d.store.close()
+
+
+def test_metrics_endpoint_cannot_be_exhausted_by_idle_connections():
+    import socket
+    import urllib.request
+
+    from malletrain.daemon.service import DaemonMetrics, serve_metrics
+    m = DaemonMetrics()
+    server = serve_metrics(m, "127.0.0.1", 0, max_connections=4, timeout_s=1.0)
+    port = server.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]   # never send a byte
+    try:
+        import time
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:      # the slow ones time out, the rest were closed at once
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the endpoint never answered while idle clients held connections")
+        assert "malletrain_idle_nodes" in body
+        assert m.metrics_rejected._value.get() >= 40
+    finally:
+        for s in idle:
+            s.close()
+        server.shutdown()
+        server.server_close()

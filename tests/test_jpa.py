@@ -158,3 +158,33 @@ def test_jpa_predict_cli_bad_files(tmp_path, capsys, content, needle):
 def test_jpa_predict_cli_missing_file(capsys, tmp_path):
     code, _, err = run_cli(capsys, "jpa", "predict", "--samples", str(tmp_path / "nope.csv"), "--nodes", "1")
     assert code == 2 and "cannot read" in err
+
+
+def test_advisor_survives_any_bounded_input():
+    """Whatever in-range samples a hostile job reports (rates 1e-9..1e15 samples/s, up to 10^6
+    nodes, bursts at 1 ns spacing), every curve stays finite and nothing raises (seeded fuzz)."""
+    import math
+    import random
+
+    from malletrain.core.decide import size_grid
+    from malletrain.domain.model import Sample
+    from malletrain.jpa.advisor import Advisor
+    rng = random.Random(1)
+    for _ in range(2000):
+        a = Advisor()
+        for j in range(3):
+            a.register(f"j{j}", "p" if j < 2 else "q")
+        t = 0.0
+        for _ in range(rng.randint(1, 60)):
+            t += rng.choice([1e-9, 1e-3, 1.0, 1e6])
+            x = rng.choice([1e-9, 1e-6, 1.0, 1e3, 1e9, 1e15, 10 ** rng.uniform(-9, 15)])
+            n = rng.choice([1, 2, 3, 4, 1000, 1_000_000, rng.randint(1, 64)])
+            a.add(Sample(f"j{rng.randint(0, 2)}", n, x, t))
+        for j in range(3):
+            hi = rng.choice([4, 64, 1_000_000])
+            curve = a.curve(f"j{j}", 1, hi, size_grid(1, hi, 32))
+            assert all(math.isfinite(p.mean) and p.mean >= 0 for p in curve.points.values())
+    bad = Advisor()
+    for x, n in ((5e-324, 2), (float("nan"), 2), (1e300, 2), (10.0, 10**7), (10.0, 0), (10.0, True)):
+        assert not bad.add(Sample("j", n, x, 1.0))
+    assert bad.rejected == 6

@@ -2,74 +2,13 @@
 (the live tests cover the real thing; these pin down the state table)."""
 from __future__ import annotations
 
-import subprocess
+from helpers import TAG, FakeSlurm
 
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import Action, ActionKind, ReasonCode
 from malletrain.slurm.adapter import Book, SlurmBackend
 from malletrain.slurm.parse import Tag
 from malletrain.slurm.runner import Runner
-
-TAG = Tag("tok", 1, 4, "p", 2.0, 1.0, "").encode()
-
-
-class FakeSlurm:
-    """Answers squeue/sinfo/scontrol from a tiny in-memory cluster."""
-
-    def __init__(self):
-        self.jobs = {}      # id -> dict(partition, state, reason, nodes, start, sched, comment)
-        self.nodes = {f"n{i}": "idle" for i in range(1, 5)}
-        self.calls = []
-
-    def __call__(self, argv, **kw):
-        self.calls.append(argv)
-        cmd = argv[0]
-        if cmd == "squeue" and "-j" in argv and argv[-1] == "%i|%U|%P|%k":
-            j = argv[argv.index("-j") + 1]
-            r = self.jobs.get(j)
-            out = f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" if r else ""
-        elif cmd == "squeue" and "-j" in argv:
-            ids = argv[argv.index("-j") + 1].split(",")
-            out = "".join(f"{j}|{self.jobs[j]['state']}|{self.jobs[j]['reason']}\n" for j in ids if j in self.jobs)
-        elif cmd == "squeue":
-            out = "".join(
-                f"{j}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
-                f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
-                f"100|u|{r.get('uid', 1000)}\n" for j, r in self.jobs.items())
-        elif cmd == "sinfo":
-            out = "".join(f"{n}|{s}|gpu:4|(null)\n" for n, s in self.nodes.items())
-        elif cmd == "scontrol" and argv[1] == "-o":
-            out = "No reservations in the system\n"
-        elif cmd == "scontrol":
-            out = self._scontrol(argv[1:])
-        else:
-            raise AssertionError(argv)
-        return subprocess.CompletedProcess(argv, 0, out, "")
-
-    def _scontrol(self, args):
-        verb, rest = args[0], args[1:]
-        if verb == "requeuehold":
-            j = self.jobs[rest[0]]
-            for n in j["nodes"]:
-                self.nodes[n] = "idle"
-            j.update(state="PENDING", reason="job requeued in held state", nodes=())
-        elif verb == "hold":   # like Slurm: a running job keeps running
-            if self.jobs[rest[0]]["state"] == "PENDING":
-                self.jobs[rest[0]].update(reason="JobHeldUser")
-        elif verb == "update":
-            kv = dict(a.split("=", 1) for a in rest)
-            self.jobs[kv["jobid"]]["req"] = kv["ReqNodeList"]
-        elif verb == "release":
-            self.jobs[rest[0]].update(reason="None")
-        return ""
-
-    def run_pending(self):   # Slurm starts released jobs on their requested nodes
-        import hostlist
-        for j in self.jobs.values():
-            if j["state"] == "PENDING" and j["reason"] == "None" and j.get("req"):
-                j.update(state="RUNNING", nodes=tuple(hostlist.expand_hostlist(j["req"])))
-                for n in j["nodes"]:
-                    self.nodes[n] = "allocated"
 
 
 def _backend(fake, **dc):

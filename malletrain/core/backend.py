@@ -27,6 +27,7 @@ class JobFacts:
     user: str = ""                     # the job's owner
     progress_path: str | None = None   # where the job appends progress records, if any
     uid: int | None = None             # the owner's uid: progress files must be theirs
+    max_nodes: int = 1_000_000         # the most nodes a progress record may claim
 
 
 @dataclass(frozen=True)

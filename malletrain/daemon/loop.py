@@ -7,7 +7,11 @@ sqlite (re-adopted on start; the JPA is seeded from the stored samples), JSON
 logs, a Prometheus endpoint, sd_notify, SIGHUP reload (the old config stays
 on error), SIGTERM stops after the current cycle without touching any job.
 A Slurm outage (commands failing or timing out) is logged once, counted and
-waited out; the loop never dies of it.
+waited out; the loop never dies of it.  Neither does a store that cannot be
+written (a full disk, a broken file): the daemon then applies nothing (it
+never acts without its write-ahead record), keeps observing and deciding,
+says why in its log, ``status.json`` and ``malletrain_state_writable``, and
+resumes by itself once a write succeeds again.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics
 from malletrain.daemon.status import Counters, CycleStats, DaemonStatus, JobStatus, Measured, write_status
 from malletrain.daemon.store import Store
 from malletrain.domain.config import Config, load_config
-from malletrain.domain.errors import BackendError, ConfigError, PlanError
+from malletrain.domain.errors import BackendError, ConfigError, PlanError, StateError
 from malletrain.domain.model import Action, ActionKind, Plan
 from malletrain.slurm.adapter import SlurmBackend
 from malletrain.slurm.parse import Phase
@@ -57,6 +61,7 @@ class _Journal:
         self.backend, self.store, self.clock = backend, store, clock
         self.cycle = 0
         self.last: Observation | None = None
+        self.read_only = False        # the store takes no writes: apply nothing
 
     def observe(self) -> Observation:
         self.last = self.backend.observe()
@@ -64,6 +69,10 @@ class _Journal:
 
     def apply(self, actions: Sequence[Action]) -> None:
         changes = [a for a in actions if a.kind not in (ActionKind.KEEP, ActionKind.WAIT)]
+        if self.read_only:
+            if changes:
+                log.warning("not applying %d change(s): the state store takes no writes", len(changes))
+            return
         self.store.add_actions(self.clock(), self.cycle, changes)
         self.backend.apply(actions)
 
@@ -76,10 +85,11 @@ class Daemon:
         self.clock = clock
         self.log_filter = log_filter
         dc = self.config.daemon
-        os.makedirs(dc.state_dir, exist_ok=True)
-        self.store = Store(os.path.join(dc.state_dir, "state.db"))
+        os.makedirs(dc.state_dir, mode=0o750, exist_ok=True)
+        self.store = Store(os.path.join(dc.state_dir, "state.db"), samples_kept=dc.samples_kept)
         self.runner = runner or make_runner(self.config)
-        self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes)
+        self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes, max_records=dc.max_records_per_job,
+                                 max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots)
         self.tail.load(self.store.get("tails", {}))
         self.progress = ProgressSource(self.tail, self.store)
         books = self.store.books()
@@ -94,6 +104,8 @@ class Daemon:
         self.reasons: dict[str, Action] = {}
         self.last_cycle: CycleStats | None = None
         self.slurm_down_since: float | None = None
+        self.store_down_since: float | None = None
+        self.store_error = ""
         self.metrics = DaemonMetrics()
         self.notifier = Notifier()
         self._wake = threading.Event()
@@ -107,7 +119,16 @@ class Daemon:
         self.cycle += 1
         if self.log_filter is not None:
             self.log_filter.cycle = self.cycle
-        self.store.put("cycle", self.cycle)
+        try:
+            self.store.put("cycle", self.cycle)
+        except StateError as exc:
+            self._state_failed(exc)
+        else:
+            if self.store_down_since is not None:
+                log.info("the state store takes writes again after %.0fs; applying plans again",
+                         self.clock() - self.store_down_since)
+                self.store_down_since, self.store_error = None, ""
+        self.journal.read_only = self.store_down_since is not None
         t0 = time.perf_counter()
         self.runner.stats.take()
         result = None
@@ -125,6 +146,8 @@ class Daemon:
         except PlanError as exc:
             self.metrics.cycle_errors.labels(kind="plan").inc()
             log.error("plan rejected, nothing applied: %s", exc)
+        except StateError as exc:
+            self._state_failed(exc)
         else:
             if self.slurm_down_since is not None:
                 log.info("Slurm is back after %.0fs", self.clock() - self.slurm_down_since)
@@ -140,6 +163,15 @@ class Daemon:
         self._write_status(result)
         self.notifier.watchdog()
         return result
+
+    def _state_failed(self, exc: StateError) -> None:
+        self.metrics.cycle_errors.labels(kind="state").inc()
+        self.journal.read_only = True
+        if self.store_down_since is None:
+            self.store_down_since = self.clock()
+            log.error("the state store takes no writes; applying nothing until it does "
+                      "(jobs are left as they are): %s", exc)
+        self.store_error = str(exc)
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
@@ -181,7 +213,7 @@ class Daemon:
         self._reload = False
         try:
             new = check_config(load_config(self.config_path), self.config_path)
-        except ConfigError as exc:
+        except Exception as exc:   # ConfigError, or anything a broken file finds: never stop the daemon
             log.error("reload failed, keeping the running config: %s", exc)
             self.metrics.reload_failures.inc()
             return
@@ -202,6 +234,7 @@ class Daemon:
                 lat: list[tuple[str, float, str]], cycle_s: float) -> None:
         m, b = self.metrics, self.backend
         m.slurm_up.set(0 if self.slurm_down_since is not None else 1)
+        m.state_writable.set(0 if self.store_down_since is not None else 1)
         m.commands_last_cycle.labels(kind="read").set(reads)
         m.commands_last_cycle.labels(kind="write").set(writes)
         for cmd, secs, _kind in lat:
@@ -215,7 +248,9 @@ class Daemon:
             m.jobs.labels(state=phase.value).set(sum(1 for r in b.records.values() if r.phase is phase))
         e = b.events
         for name, value in (("preemptions", e.preemptions), ("rescales", e.rescales),
-                            ("starts", e.starts), ("stops", e.stops), ("vacates", e.vacates)):
+                            ("starts", e.starts), ("stops", e.stops), ("vacates", e.vacates),
+                            ("refused_writes", e.refused_writes), ("tag_reads", e.tag_reads),
+                            ("progress_files_refused", self.tail.counters.refused)):
             m.advance(name, value)
         c = self.tail.counters
         m.advance("progress_lines_skipped", c.bad + c.oversized)
@@ -233,7 +268,10 @@ class Daemon:
             size = len(r.nodes) if r.phase is Phase.RUNNING else 0
             curve = curves.get(jid)
             meas = self.progress.latest.get(jid)
-            hist = self.store.history(jid, 5)
+            try:
+                hist = self.store.history(jid, 5)
+            except StateError:       # the status still says what is known (and why the store failed)
+                hist = []
             why = self.reasons.get(jid)
             jobs.append(JobStatus(
                 job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
@@ -246,7 +284,8 @@ class Daemon:
                 curve={str(n): round(p.mean, 3) for n, p in sorted(curve.points.items())} if curve else {},
                 probe=curve.probe if curve else None,
                 reason=why.reason if why else "", reason_code=why.code.value if why else "",
-                last_action=hist[-1] if hist else None, history=tuple(hist)))
+                last_action=hist[-1] if hist else None, history=tuple(hist),
+                progress_skipped=self.tail.counters.by_job.get(jid, 0)))
         e, tc = b.events, self.tail.counters
         return DaemonStatus(
             t=self.clock(), cycle=self.cycle, slurm_up=self.slurm_down_since is None,
@@ -256,8 +295,14 @@ class Daemon:
                               stops=e.stops, vacates=e.vacates, failed_actions=e.failed_actions,
                               progress_lines=tc.lines, progress_lines_skipped=tc.bad + tc.oversized,
                               slurm_reads=self.runner.stats.total_reads,
-                              slurm_writes=self.runner.stats.total_writes),
-            last_cycle=self.last_cycle, jobs=tuple(jobs))
+                              slurm_writes=self.runner.stats.total_writes,
+                              refused_writes=e.refused_writes, progress_files_refused=tc.refused),
+            last_cycle=self.last_cycle, jobs=tuple(jobs),
+            state_writable=self.store_down_since is None, state_error=self.store_error)
 
     def _write_status(self, result: CycleResult | None) -> None:
-        write_status(os.path.join(self.config.daemon.state_dir, "status.json"), self.status())
+        try:
+            write_status(os.path.join(self.config.daemon.state_dir, "status.json"), self.status())
+        except (OSError, StateError) as exc:
+            self.metrics.cycle_errors.labels(kind="status").inc()
+            log.error("cannot write status.json: %s", exc)

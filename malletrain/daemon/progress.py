@@ -6,24 +6,33 @@ A job appends JSON lines to the file named by ``MALLETRAIN_METRICS``::
      "world": 8, "nodes": 2, "node": "n3", "event": "progress", "restart": 1}
 
 ``samples`` is cumulative; ``event`` is ``start``, ``progress``, ``checkpoint``
-or ``exit``.  The daemon reads each file incrementally from the offset it
-reached last time (persisted, so a restart neither re-reads nor loses lines).
-A throughput sample is the rate between two consecutive ``progress`` records
-of the same run (same ``restart`` and ``nodes``).  Malformed lines, lines
-longer than ``max_line_bytes`` and records with impossible values are
-skipped and counted, never raised.
+or ``exit`` (an ``exit`` with ``"reason": "done"`` is the job's final result).
+The daemon reads each file incrementally from the offset it reached last time
+(persisted, so a restart neither re-reads nor loses lines).  A throughput
+sample is the rate between two consecutive ``progress`` records of the same
+run (same ``restart`` and ``nodes``).
+
+Everything in the file comes from the job's owner (SECURITY.md): the file is
+opened as its owner could (:mod:`malletrain.daemon.files`); at most
+``max_read_bytes`` and ``max_records`` records are read per job per cycle (the
+rest waits for the next); a record's numbers must be finite and in range
+(``nodes`` at most the job's ``max_nodes``, a rate at most
+``max_samples_per_s``); malformed, oversized, nested-too-deep and
+out-of-range records are skipped and counted for that job, never raised.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+import stat
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from malletrain.core.backend import Observation
+from malletrain.daemon.files import Refused, open_as_owner
 from malletrain.domain.model import Sample
 
 log = logging.getLogger("malletrain.progress")
@@ -44,77 +53,136 @@ class TailCounters:
     bad: int = 0
     oversized: int = 0
     samples: int = 0
+    refused: int = 0      # files not opened: not the owner's, a symlink, a FIFO, outside the roots
+    by_job: Counter = field(default_factory=Counter)   # skipped lines and refusals per job
+
+
+# Bounds of a progress record's fields (beyond them the record is not plausible).
+MAX_T_S = 1e11            # year 5138
+MAX_SAMPLES = 1e18
+MAX_RESTART = 10**9
+MIN_RATE = 1e-9           # samples/s; slower is not a measurement (and 1/rate must stay finite)
+
+
+def _number(value: object, lo: float, hi: float, *, integer: bool = False) -> float | None:
+    """``value`` when it is a JSON number in [lo, hi] (an int when ``integer``), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if integer and not isinstance(value, int):
+        return None
+    if isinstance(value, int) and not -10**19 < value < 10**19:
+        return None
+    return value if lo <= value <= hi else None     # NaN fails both comparisons
 
 
 class ProgressTail:
-    def __init__(self, *, max_line_bytes: int = 4096, max_read_bytes: int = 1 << 20) -> None:
+    def __init__(self, *, max_line_bytes: int = 4096, max_read_bytes: int = 1 << 20,
+                 max_records: int = 1000, max_samples_per_s: float = 1e9,
+                 roots: Sequence[str] = ("/",)) -> None:
         self.max_line_bytes = max_line_bytes
         self.max_read_bytes = max_read_bytes
+        self.max_records = max_records
+        self.max_samples_per_s = max_samples_per_s
+        self.roots = tuple(roots)
         self.files: dict[str, TailState] = {}
         self.counters = TailCounters()
+        self._refused: dict[str, str] = {}     # path -> last reason logged
 
-    def poll(self, job_id: str, path: str) -> list[Sample]:
-        """New samples of ``job_id`` from ``path`` since the last poll."""
+    def poll(self, job_id: str, path: str, *, uid: int | None = None,
+             max_nodes: int = 1_000_000) -> list[Sample]:
+        """New samples of ``job_id`` from ``path`` since the last poll.
+
+        With ``uid`` the file is opened only as that user could
+        (:func:`open_as_owner`); without, it must still be a regular file reached
+        without following a symlink (for callers that own the file themselves).
+        """
         st = self.files.setdefault(path, TailState())
         try:
-            with open(path, "rb") as fh:
+            fd = (open_as_owner(path, uid, self.roots) if uid is not None else
+                  os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+            with os.fdopen(fd, "rb") as fh:
                 info = os.fstat(fh.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise Refused("not a regular file")
                 if info.st_ino != st.inode or info.st_size < st.offset:   # new or truncated file
                     st.offset, st.inode, st.last = 0, info.st_ino, None
                 fh.seek(st.offset)
                 chunk = fh.read(self.max_read_bytes)
         except FileNotFoundError:
             return []
-        except OSError as exc:
-            log.warning("cannot read progress file %s: %s", path, exc)
+        except Refused as exc:
+            self._refuse(job_id, path, str(exc))
             return []
+        except OSError as exc:
+            self._refuse(job_id, path, exc.strerror or str(exc))
+            return []
+        self._refused.pop(path, None)
         end = chunk.rfind(b"\n")
         if end < 0:
             if len(chunk) > self.max_line_bytes:   # one endless line: skip it
-                self.counters.oversized += 1
+                self._skip(job_id, oversized=True)
                 st.offset += len(chunk)
             return []
-        st.offset += end + 1
         out = []
-        for raw in chunk[:end].split(b"\n"):
+        pos = 0
+        for n, raw in enumerate(chunk[:end].split(b"\n")):
+            if n >= self.max_records:     # the rest waits for the next cycle
+                break
+            pos += len(raw) + 1
             self.counters.lines += 1
             if len(raw) > self.max_line_bytes:
-                self.counters.oversized += 1
+                self._skip(job_id, oversized=True)
                 continue
-            rec = self._record(raw)
+            rec = self._record(raw, max_nodes)
             if rec is None:
-                self.counters.bad += 1
+                self._skip(job_id)
                 continue
             sample = self._sample(job_id, st, rec)
             if sample is not None:
-                out.append(sample)
+                if MIN_RATE <= sample.samples_per_s <= self.max_samples_per_s:
+                    out.append(sample)
+                else:
+                    self._skip(job_id)
+        st.offset += pos
         self.counters.samples += len(out)
         return out
 
+    def _skip(self, job_id: str, *, oversized: bool = False) -> None:
+        if oversized:
+            self.counters.oversized += 1
+        else:
+            self.counters.bad += 1
+        self.counters.by_job[job_id] += 1
+
+    def _refuse(self, job_id: str, path: str, why: str) -> None:
+        self.counters.refused += 1
+        self.counters.by_job[job_id] += 1
+        if self._refused.get(path) != why:      # say it once per file and reason
+            self._refused[path] = why
+            log.warning("job %s: not reading progress file %s: %s", job_id, path, why,
+                        extra={"job": job_id, "reason": "progress file refused"})
+
     @staticmethod
-    def _record(raw: bytes) -> dict | None:
+    def _record(raw: bytes, max_nodes: int) -> dict | None:
         try:
             rec = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return None
         if not isinstance(rec, dict) or rec.get("event", "progress") not in EVENTS:
             return None
-        try:
-            t = float(rec["t"])
-            samples = float(rec.get("samples", 0))
-            nodes = int(rec.get("nodes", 0))
-            restart = int(rec.get("restart", 0))
-        except (KeyError, TypeError, ValueError):
+        t = _number(rec.get("t"), 0.0, MAX_T_S)
+        samples = _number(rec.get("samples", 0), 0.0, MAX_SAMPLES)
+        nodes = _number(rec.get("nodes", 0), 0, max_nodes, integer=True)
+        restart = _number(rec.get("restart", 0), 0, MAX_RESTART, integer=True)
+        if t is None or samples is None or nodes is None or restart is None:
             return None
-        if not (math.isfinite(t) and math.isfinite(samples)) or samples < 0 or nodes < 0:
-            return None
-        rec.update(t=t, samples=samples, nodes=nodes, restart=restart)
-        return rec
+        return {"event": rec.get("event", "progress"), "t": float(t), "samples": float(samples),
+                "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason")}
 
     @staticmethod
     def _sample(job_id: str, st: TailState, rec: dict) -> Sample | None:
-        if rec.get("event", "progress") != "progress" or rec["nodes"] < 1:
-            if rec.get("event") in ("start", "exit"):
+        if rec["event"] != "progress" or rec["nodes"] < 1:
+            if rec["event"] in ("start", "exit"):
                 st.last = None
             return None
         key = (rec["restart"], rec["nodes"])
@@ -126,16 +194,23 @@ class ProgressTail:
             return None
         return Sample(job_id, rec["nodes"], ds / dt, rec["t"])
 
-    def forget(self, path: str) -> None:
+    def forget(self, path: str, job_id: str | None = None) -> None:
         self.files.pop(path, None)
+        self._refused.pop(path, None)
+        if job_id is not None:
+            self.counters.by_job.pop(job_id, None)
 
     # persistence (the daemon's store saves and restores these)
     def dump(self) -> dict:
         return {p: [s.offset, s.inode, list(s.last) if s.last else None] for p, s in self.files.items()}
 
     def load(self, data: dict) -> None:
-        for p, (offset, inode, last) in data.items():
-            self.files[p] = TailState(int(offset), int(inode), tuple(last) if last else None)
+        for p, entry in data.items():
+            try:
+                offset, inode, last = entry
+                self.files[p] = TailState(int(offset), int(inode), tuple(last) if last else None)
+            except (TypeError, ValueError):
+                log.warning("stored offset of %s unreadable; reading that file from the start", p)
 
 
 class ProgressSource:
@@ -158,13 +233,22 @@ class ProgressSource:
         for job in observation.finished:
             path = self._paths.pop(job, None)
             if path is not None:
-                self.tail.forget(path)
+                self.tail.forget(path, job)
             self.latest.pop(job, None)
         out: list[Sample] = []
         for job, facts in observation.facts.items():
-            if facts.progress_path:
-                self._paths[job] = facts.progress_path
-                out += self.tail.poll(job, facts.progress_path)
+            if not facts.progress_path:
+                continue
+            if facts.uid is None:      # without the owner's uid nothing can be checked: not read
+                self.tail._refuse(job, facts.progress_path, "the job's owner is unknown")
+                continue
+            self._paths[job] = facts.progress_path
+            try:
+                out += self.tail.poll(job, facts.progress_path, uid=facts.uid, max_nodes=facts.max_nodes)
+            except Exception:   # one job's data must never stop the others (SECURITY.md)
+                self.tail.counters.by_job[job] += 1
+                log.exception("job %s: progress file %s could not be processed", job, facts.progress_path,
+                              extra={"job": job, "reason": "progress error"})
         for s in out:
             self.latest[s.job_id] = s
         if self.journal is not None:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -98,6 +99,16 @@ class DaemonMetrics:
                                        "Config reloads rejected (the old config stays)", registry=r)
         self.progress_skipped = Counter("malletrain_progress_lines_skipped_total",
                                         "Malformed or oversized progress lines", registry=r)
+        self.events.update({name: Counter(f"malletrain_{name}_total", text, registry=r) for name, text in (
+            ("refused_writes", "Writes refused: the job no longer matched its id, owner, partition or tag"),
+            ("progress_files_refused", "Progress files not opened (not the owner's, a symlink, a FIFO, "
+                                       "outside progress_roots)"),
+            ("tag_reads", "Job comments (tags) read alone"))})
+        self.state_writable = Gauge("malletrain_state_writable",
+                                    "1 when the state store takes writes; 0: read-only, nothing is applied",
+                                    registry=r)
+        self.metrics_rejected = Counter("malletrain_metrics_connections_rejected_total",
+                                        "Metrics connections closed at once: all slots busy", registry=r)
         self._seen: dict[str, float] = {}
 
     def advance(self, name: str, total: float) -> None:
@@ -113,10 +124,51 @@ class DaemonMetrics:
         return generate_latest(self.registry).decode()
 
 
-def serve_metrics(metrics: DaemonMetrics, host: str, port: int) -> Any:
-    """Serve ``/metrics`` on host:port from a daemon thread; returns the server (``shutdown()``)."""
-    from prometheus_client import start_http_server
-    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+def serve_metrics(metrics: DaemonMetrics, host: str, port: int, *, max_connections: int = 8,
+                  timeout_s: float = 5.0) -> Any:
+    """Serve ``/metrics`` on host:port from a daemon thread; returns the server (``shutdown()``).
+
+    prometheus-client's handler behind a bounded server: at most ``max_connections``
+    at once (more are closed at once and counted), each with a ``timeout_s`` socket
+    timeout, so idle or slow clients cannot exhaust the daemon's threads or files.
+    """
+    from http.server import ThreadingHTTPServer
+
+    from prometheus_client import MetricsHandler
+
+    class Handler(MetricsHandler.factory(metrics.registry)):  # type: ignore[misc]
+        timeout = timeout_s
+
+        def log_message(self, format: str, *args: Any) -> None:   # no stderr line per scrape
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = max_connections
+
+        def __init__(self) -> None:
+            self.slots = threading.BoundedSemaphore(max_connections)
+            super().__init__((host, port), Handler)
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not self.slots.acquire(blocking=False):
+                metrics.metrics_rejected.inc()
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except Exception:
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+    server = Server()
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 
 

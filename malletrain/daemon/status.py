@@ -7,6 +7,7 @@ a field is renamed or removed; new optional fields keep the version.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, fields
@@ -59,6 +60,7 @@ class JobStatus:
     reason_code: str                # … and its ReasonCode value
     last_action: Change | None
     history: tuple[Change, ...]
+    progress_skipped: int = 0       # this job's progress lines skipped and file refusals
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class Counters:
     progress_lines_skipped: int = 0
     slurm_reads: int = 0
     slurm_writes: int = 0
+    refused_writes: int = 0          # a job no longer matched its id/owner/partition/tag
+    progress_files_refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,18 +101,27 @@ class DaemonStatus:
     last_cycle: CycleStats | None
     jobs: tuple[JobStatus, ...]
     schema_version: int = SCHEMA_VERSION
+    state_writable: bool = True      # False: the store takes no writes, nothing is applied
+    state_error: str = ""
 
     def job(self, job_id: str) -> JobStatus | None:
         return next((j for j in self.jobs if j.job == job_id), None)
 
 
 def write_status(path: str, status: DaemonStatus) -> None:
-    """Write ``status`` to ``path`` atomically (temp file, then rename), world-readable."""
+    """Write ``status`` to ``path`` atomically (temp file, then rename), mode 0640: the
+    daemon's group reads it (add the users who may run ``malletrain status`` to it)."""
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(asdict(status), fh, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(asdict(status), fh, indent=1)
+        os.chmod(tmp, 0o640)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_status(path: str) -> DaemonStatus:

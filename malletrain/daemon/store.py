@@ -5,16 +5,23 @@ step), ``samples`` (JPA input, so a restart keeps what was learned),
 ``actions`` (every applied change with its reason, for ``explain``) and
 ``kv`` (progress-file offsets, counters).  Every write is its own
 transaction (WAL mode), so ``kill -9`` at any point leaves a consistent file.
+Any sqlite or OS error (a full disk, a broken file) raises
+:class:`StateError`; the daemon then applies nothing until writes work again.
+The file is the daemon's alone (mode 0600); samples are kept per job up to
+``samples_kept`` (the oldest age out).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
+from typing import Any, TypeVar
 
 from malletrain.daemon.status import Change
+from malletrain.domain.errors import StateError
 from malletrain.domain.model import Action, Sample
 from malletrain.slurm.adapter import Book
 
@@ -29,12 +36,35 @@ CREATE INDEX IF NOT EXISTS actions_job ON actions(job);
 """
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(self: Store, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(self, *args, **kw)
+        except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
+            raise StateError(f"state store {self.path}: {exc}") from None
+    return wrapper  # type: ignore[return-value]
+
+
 class Store:
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    def __init__(self, path: str, *, samples_kept: int = 2000) -> None:
         self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self.samples_kept = samples_kept
+        self._open()
+
+    @_guarded
+    def _open(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o750, exist_ok=True)
+        old = os.umask(0o077)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         cols = {row[1] for row in self.db.execute("PRAGMA table_info(actions)")}
@@ -45,6 +75,7 @@ class Store:
         self.db.close()
 
     # books
+    @_guarded
     def save_book(self, job: str, book: Book | None) -> None:
         if book is None:
             self.db.execute("DELETE FROM books WHERE job=?", (job,))
@@ -52,6 +83,7 @@ class Store:
             d = asdict(book)
             self.db.execute("INSERT OR REPLACE INTO books VALUES (?, ?)", (job, json.dumps(d)))
 
+    @_guarded
     def books(self) -> dict[str, Book]:
         out = {}
         for job, data in self.db.execute("SELECT job, data FROM books"):
@@ -62,17 +94,23 @@ class Store:
         return out
 
     # samples
+    @_guarded
     def add_samples(self, samples: Iterable[Sample]) -> None:
         rows = [(s.job_id, s.nodes, s.samples_per_s, s.t_s) for s in samples]
         if rows:
             with self.db:
                 self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?)", rows)
+                for job in {r[0] for r in rows}:    # age out: keep the newest samples_kept per job
+                    self.db.execute("DELETE FROM samples WHERE rowid IN (SELECT rowid FROM samples "
+                                    "WHERE job=? ORDER BY t DESC LIMIT -1 OFFSET ?)", (job, self.samples_kept))
 
+    @_guarded
     def samples(self) -> list[Sample]:
         return [Sample(j, n, r, t) for j, n, r, t in
                 self.db.execute("SELECT job, nodes, rate, t FROM samples ORDER BY job, t")]
 
     # actions
+    @_guarded
     def add_actions(self, t: float, cycle: int, actions: Iterable[Action]) -> None:
         rows = [(t, cycle, a.job_id, a.kind.value, ",".join(a.from_nodes), ",".join(a.to_nodes),
                  a.reason, a.code.value) for a in actions]
@@ -81,15 +119,18 @@ class Store:
                 self.db.executemany("INSERT INTO actions (t, cycle, job, kind, from_nodes, to_nodes, "
                                     "reason, code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
+    @_guarded
     def history(self, job: str, limit: int = 10) -> list[Change]:
         rows = self.db.execute("SELECT t, cycle, kind, from_nodes, to_nodes, reason, code FROM actions "
                                "WHERE job=? ORDER BY t DESC LIMIT ?", (job, limit)).fetchall()
         return [Change(t, c, k, f, to, r, code or "") for t, c, k, f, to, r, code in reversed(rows)]
 
     # key/value
+    @_guarded
     def put(self, key: str, value) -> None:
         self.db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
 
+    @_guarded
     def get(self, key: str, default=None):
         row = self.db.execute("SELECT data FROM kv WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else default

@@ -7,11 +7,13 @@ wrong types and out-of-range values, naming the file and key.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from malletrain.domain.errors import ConfigError, yaml_problem
+from malletrain.domain.errors import ConfigError, InputError, yaml_problem
 
 POLICIES = ("malletrain", "oracle", "bftrainer", "greedy", "static")
 ALLOCATORS = ("auto", "dp", "cbc", "highs", "greedy")
@@ -210,15 +212,38 @@ def config_from_mapping(data: Any, where: str = "config") -> Config:
     return Config(**parts)
 
 
-def load_config(path: str) -> Config:
-    """Read and validate a YAML config file; every problem is a ConfigError."""
+MAX_YAML_BYTES = 4 << 20
+
+
+def read_yaml(path: str, *, error: type[InputError] = InputError, loader: Any = None,
+              what: str = "file") -> Any:
+    """A YAML file's document; every problem (unreadable, not a regular file, larger than
+    ``MAX_YAML_BYTES``, not UTF-8, not YAML, nested too deeply) raises ``error`` naming the
+    file and line.  ``loader`` defaults to PyYAML's SafeLoader."""
     import yaml
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise error(f"cannot read {what}: not a regular file", path=path)
+            raw = fh.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+        raise error(f"cannot read {what}: {exc.strerror}", path=path) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise error(f"{what} larger than {MAX_YAML_BYTES >> 20} MiB", path=path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error("not UTF-8 text", path=path, line=raw[:exc.start].count(b"\n") + 1) from None
+    try:
+        return yaml.load(text, Loader=loader or yaml.SafeLoader)  # noqa: S506 - SafeLoader or a subclass
     except yaml.YAMLError as exc:
         message, line = yaml_problem(exc)
-        raise ConfigError(message, path=path, line=line) from None
-    return config_from_mapping(data, path)
+        raise error(message, path=path, line=line) from None
+    except RecursionError:
+        raise error("nested too deeply", path=path) from None
+
+
+def load_config(path: str) -> Config:
+    """Read and validate a YAML config file; every problem is a ConfigError."""
+    return config_from_mapping(read_yaml(path, error=ConfigError, what="config"), path)

@@ -52,6 +52,11 @@ class BackendError(MalletrainError):
     """A backend (Slurm, simulator) command failed."""
 
 
+class StateError(MalletrainError):
+    """The daemon's own state (its sqlite store, its status file) cannot be written or read:
+    a full disk, a broken file.  The daemon then applies nothing until it can write again."""
+
+
 def yaml_problem(exc: Exception) -> tuple[str, int | None]:
     """(message, 1-based line) of a PyYAML parse error, for an :class:`InputError`."""
     mark = getattr(exc, "problem_mark", None)

@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from malletrain.domain.errors import InputError, yaml_problem
+from malletrain.domain.config import read_yaml
+from malletrain.domain.errors import InputError
 from malletrain.domain.model import interpolate
 from malletrain.domain.timeutil import parse_time
 
@@ -80,14 +81,7 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 
 def load_workload(path: str) -> list[WorkloadJob]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.load(fh, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
-    except OSError as exc:
-        raise InputError(f"cannot read workload: {exc.strerror}", path=path) from exc
-    except yaml.YAMLError as exc:
-        message, line = yaml_problem(exc)
-        raise InputError(message, path=path, line=line) from exc
+    doc = read_yaml(path, loader=_LineLoader, what="workload")
     if not isinstance(doc, dict) or set(doc) != {"jobs"}:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise InputError(f"expected a mapping with exactly the key 'jobs', got {keys}", path=path)

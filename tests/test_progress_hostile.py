@@ -1,0 +1,163 @@
+"""Hostile progress files and records (SECURITY.md): the daemon opens a file only as its
+job's owner could, bounds every number, and one job's garbage never reaches the JPA or
+stops the others.  Runs as any user (no root, Slurm or torch)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from malletrain.core.backend import JobFacts, Observation
+from malletrain.daemon.files import Refused, open_as_owner
+from malletrain.daemon.progress import ProgressSource, ProgressTail
+from malletrain.domain.model import Snapshot
+
+ME = os.getuid()
+OTHER = ME + 4242            # a uid that owns nothing here
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-searchable directory (like a scratch area), so only ownership decides."""
+    d = tempfile.mkdtemp(prefix="mt-progress-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def rec(t, samples, nodes=2, **kw):
+    return json.dumps(dict(t=t, samples=samples, nodes=nodes, event="progress", restart=0, **kw)) + "\n"
+
+
+def good_lines(t0=100.0, n=4):
+    return "".join(rec(t0 + i, 200.0 * i) for i in range(n))
+
+
+def write(path, text, mode=0o644):
+    with open(path, "w") as fh:
+        fh.write(text)
+    os.chmod(path, mode)
+
+
+def test_the_owners_own_file_is_read(shared_dir):
+    p = os.path.join(shared_dir, "7.jsonl")
+    write(p, good_lines())
+    got = ProgressTail(roots=("/tmp",)).poll("7", p, uid=ME, max_nodes=4)
+    assert [s.samples_per_s for s in got] == [200.0, 200.0, 200.0]
+
+
+@pytest.mark.parametrize("case", ["symlink", "symlinked-dir", "fifo", "outside-roots", "foreign",
+                                  "unsearchable-dir", "nul", "relative", "dotdot", "directory"])
+def test_files_the_owner_could_not_read_are_refused(shared_dir, case):
+    target = os.path.join(shared_dir, "secret.jsonl")
+    write(target, good_lines(), 0o600)
+    p, uid, roots = os.path.join(shared_dir, "7.jsonl"), ME, ("/tmp",)
+    if case == "symlink":
+        os.symlink(target, p)
+    elif case == "symlinked-dir":
+        os.symlink(shared_dir, shared_dir + "-link")
+        p = shared_dir + "-link/secret.jsonl"
+    elif case == "fifo":
+        os.mkfifo(p)                       # would block a plain open() for ever
+    elif case == "outside-roots":
+        p, roots = target, ("/home",)
+    elif case == "foreign":
+        p, uid = target, OTHER             # someone else's file
+    elif case == "unsearchable-dir":
+        os.chmod(shared_dir, 0o700)
+        p, uid = target, OTHER
+    elif case == "nul":
+        p = target + "\0x"
+    elif case == "relative":
+        p = os.path.relpath(target)
+    elif case == "dotdot":
+        p = os.path.join(shared_dir, "..", os.path.basename(shared_dir), "secret.jsonl")
+    elif case == "directory":
+        p = shared_dir
+    t0 = time.monotonic()
+    with pytest.raises(Refused):
+        os.close(open_as_owner(p, uid, roots))
+    tail = ProgressTail(roots=roots)
+    assert tail.poll("7", p, uid=uid) == [] and tail.counters.refused == 1
+    assert tail.counters.by_job["7"] == 1
+    assert time.monotonic() - t0 < 5
+    if case == "symlinked-dir":
+        os.unlink(shared_dir + "-link")
+
+
+HOSTILE = {
+    "nested": "[" * 100_000 + "]" * 100_000,
+    "nested-object": '{"t":' * 50_000 + "1" + "}" * 50_000,
+    "inf": '{"t": 1e999, "samples": 1, "nodes": 2}',
+    "nan": '{"t": NaN, "samples": 1, "nodes": 2}',
+    "big-int": '{"t": 100, "samples": ' + "9" * 400 + ', "nodes": 2}',
+    "huge-nodes": '{"t": 105, "samples": 2000, "nodes": 1000000}',
+    "nodes-string": '{"t": 105, "samples": 2000, "nodes": "2"}',
+    "nodes-float": '{"t": 105, "samples": 2000, "nodes": 2.5}',
+    "negative": '{"t": 105, "samples": -5, "nodes": 2}',
+    "bool": '{"t": true, "samples": 1, "nodes": 2}',
+    "not-object": '[1, 2, 3]',
+    "nul": '{"t": 105\u0000, "samples": 1}',
+    "non-utf8": b'{"t": 105, "samples": "\xff\xfe"}'.decode("latin-1"),
+    "bad-event": '{"t": 105, "samples": 1, "nodes": 2, "event": "rm -rf"}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_records_are_skipped_and_counted_for_that_job(shared_dir, name):
+    p = os.path.join(shared_dir, "7.jsonl")
+    with open(p, "wb") as fh:
+        fh.write(good_lines(100.0, 2).encode())
+        fh.write(HOSTILE[name].encode("latin-1") + b"\n")
+        fh.write(good_lines(102.0, 2).encode().replace(b'"t": 102.0', b'"t": 102.5'))
+    tail = ProgressTail(max_line_bytes=1 << 20, roots=("/tmp",))
+    got = tail.poll("7", p, uid=ME, max_nodes=4)
+    assert all(s.nodes <= 4 and 0 < s.samples_per_s < 1e9 for s in got)
+    assert tail.counters.by_job["7"] >= 1
+
+
+def test_implausible_rates_never_reach_the_jpa(shared_dir):
+    p = os.path.join(shared_dir, "7.jsonl")
+    write(p, rec(100, 0) + rec(100 + 1e-300, 1e18) + rec(200, 1e18) + rec(3e10, 1e18 + 1e-300)
+          + rec(300, 1e18))
+    tail = ProgressTail(roots=("/tmp",), max_samples_per_s=1e6)
+    got = tail.poll("7", p, uid=ME)
+    assert all(1e-9 <= s.samples_per_s <= 1e6 for s in got)
+
+
+def test_records_per_cycle_are_capped_and_the_rest_waits(shared_dir):
+    p = os.path.join(shared_dir, "7.jsonl")
+    write(p, "".join(rec(100 + i, 10.0 * i) for i in range(10_000)))
+    tail = ProgressTail(roots=("/tmp",), max_records=1000, max_read_bytes=1 << 22)
+    first = tail.poll("7", p, uid=ME)
+    assert len(first) == 999 and tail.counters.lines == 1000
+    polls = 1
+    while tail.poll("7", p, uid=ME):
+        polls += 1
+    assert tail.counters.lines == 10_000 and polls == 10
+
+
+def test_one_jobs_broken_file_does_not_stop_the_others(shared_dir, monkeypatch):
+    good, bad = os.path.join(shared_dir, "1.jsonl"), os.path.join(shared_dir, "2.jsonl")
+    write(good, good_lines())
+    write(bad, good_lines())
+    tail = ProgressTail(roots=("/tmp",))
+    real = tail.poll
+
+    def explode(job, path, **kw):
+        if job == "2":
+            raise RuntimeError("a bug this input found")
+        return real(job, path, **kw)
+
+    monkeypatch.setattr(tail, "poll", explode)
+    src = ProgressSource(tail)
+    obs = Observation(Snapshot(0.0, (), ()), (), {
+        "2": JobFacts("p", "mallory", bad, uid=ME), "1": JobFacts("p", "alice", good, uid=ME),
+        "3": JobFacts("p", "nobody-known", good, uid=None)})
+    got = src.poll(obs)
+    assert {s.job_id for s in got} == {"1"} and tail.counters.by_job["2"] == 1
+    assert tail.counters.by_job["3"] == 1        # owner unknown: not read at all
