@@ -199,22 +199,50 @@ def trial_command(spec: Spec, trial: dict) -> list[str]:
     return [*spec.command, "--params", os.path.join(d, "params.json"), "--ckpt", os.path.join(d, "ckpt")]
 
 
-def submit_campaign(spec: Spec, submit_one, token_of) -> list[dict]:
-    """Submit every trial without a job id; ``submit_one(name, command, token) -> job id``."""
+def submit_campaign(spec: Spec, submit_one, token_of, *, queued: set[str] | None = None,
+                    find_token=None, say=lambda msg: None) -> list[dict]:
+    """Submit every trial that has no job, or whose job is gone without a final result.
+
+    ``submit_one(name, command, token) -> job id``.  ``queued`` holds the ids of
+    the jobs Slurm still has (None: unknown, nothing is resubmitted).  A trial's
+    token is on disk before its sbatch; a trial marked ``submitting`` (a run that
+    died between sbatch and saving the id) is first looked up by its token with
+    ``find_token(token) -> job id | None``, so running this again never submits a
+    trial twice.  A trial whose job left the queue without a final result gets a
+    new token and is submitted again (``resubmits`` counts it).
+    """
     st = load_state(spec)
     trials = plan_trials(spec, st, token_of)
     st.update(name=spec.name, kind=spec.kind, trials=trials)
     save_state(spec, st)      # tokens are on disk before any sbatch: a retry finds the job
-    for t in trials:
+    for i, t in enumerate(trials):
+        if t["job"] and queued is not None and str(t["job"]) not in queued and not _final(spec, t):
+            say(f"{spec.name}-{t['id']}: job {t['job']} left the queue without a final result; resubmitting")
+            t.update(job=None, token=token_of(i), resubmits=t.get("resubmits", 0) + 1, submitting=False)
+            save_state(spec, st)
         if t["job"]:
             continue
+        if t.get("submitting") and find_token is not None:
+            found = find_token(t["token"])
+            if found:
+                t.update(job=found, submitting=False)
+                save_state(spec, st)
+                continue
         d = os.path.join(spec.dir, t["id"])
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "params.json"), "w", encoding="utf-8") as fh:
             json.dump(t["params"], fh)
+        t["submitting"] = True
+        save_state(spec, st)
         t["job"] = submit_one(f"{spec.name}-{t['id']}", trial_command(spec, t), t["token"])
+        t["submitting"] = False
         save_state(spec, st)
     return trials
+
+
+def _final(spec: Spec, trial: dict) -> bool:
+    res = read_result(spec, trial)
+    return bool(res and res.get("final"))
 
 
 # ---- status ---------------------------------------------------------------------------

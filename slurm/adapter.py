@@ -83,6 +83,7 @@ class Events:
     vacates: int = 0
     failed_actions: int = 0
     refused_writes: int = 0     # a job no longer matched its record right before a write
+    recoveries: int = 0         # lost or hung jobs requeued by the safety net
     tag_reads: int = 0
 
 
@@ -105,6 +106,9 @@ class SlurmBackend:
         self._reservations: list[Reservation] = []
         self.windows: dict[str, float] = {}
         self._cycle = 0
+        self.present: set[str] = set()             # every job id in the queue this cycle
+        self.excluded: Mapping[str, object] = {}    # nodes left out of harvesting (the daemon's safety net)
+        self.given_up: Mapping[str, str] = {}       # jobs held for good: never started again
 
     # ------------------------------------------------------------ observe
     def observe(self) -> Observation:
@@ -141,19 +145,27 @@ class SlurmBackend:
         self.idle_nodes = sum(1 for n in nodes if n.harvestable)
         pool_names = {n.name for n in nodes if n.harvestable} - soon
 
-        states, facts = [], {}
+        pool_names -= set(self.excluded)
+        self.present = {r.job_id for r in jobs}
+        states, facts, ended = [], {}, {}
         live: dict[str, JobRecord] = {}
         for r, tag in malleable:
+            tag = self._bounded(tag, len(nodes))
+            book = self.books.get(r.job_id, Book())
+            fact = JobFacts(self._profile(r, tag), r.user,
+                            self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
+                            uid=r.uid, max_nodes=tag.max_nodes, state=r.state,
+                            nodes=r.nodes or book.running)
             if r.phase is Phase.FINISHED:
+                ended[r.job_id] = fact
                 continue
             live[r.job_id] = r
-            tag = self._bounded(tag, len(nodes))
             self.tags[r.job_id] = tag
             if r.uid is not None:
                 self.uids[r.job_id] = r.uid
-            facts[r.job_id] = JobFacts(self._profile(r, tag), r.user,
-                                       self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
-                                       uid=r.uid, max_nodes=tag.max_nodes)
+            facts[r.job_id] = fact
+            if r.job_id in self.given_up:
+                continue          # held for good: shown by status, never started
             st = self._job_state(r, tag, now, pool_names, soon)
             if st is not None:
                 states.append(st)
@@ -168,7 +180,7 @@ class SlurmBackend:
         states.sort(key=lambda s: (s.spec.submit_s, int(s.job_id) if s.job_id.isdigit() else 0))
         snap = Snapshot(now, pool, tuple(states))
         gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
-        return Observation(snap, finished, facts, gen)
+        return Observation(snap, finished, facts, gen, ended)
 
     @staticmethod
     def _metrics_path(job: str, tag: Tag) -> str:
@@ -192,7 +204,7 @@ class SlurmBackend:
             del self.tag_records[job]
         todo: dict[int, list[JobRecord]] = {}
         for r in jobs:
-            if not self._candidate(r) or r.phase is Phase.FINISHED:
+            if not self._candidate(r):
                 continue
             known = self.tag_records.get(r.job_id)
             if known is None or known.uid != r.uid or known.partition != r.partition:
@@ -247,7 +259,7 @@ class SlurmBackend:
             why = f"cannot re-read it: {exc}"
         else:
             why = ("it is gone" if now is None else
-                   "it was never adopted" if known is None or job not in self.tags else
+                   "it was never adopted" if known is None else
                    "its owner changed" if now.uid != known.uid else
                    "it left the partition" if now.partition != self.slurm.partition else
                    "its tag changed" if now.comment != known.comment else
@@ -317,6 +329,23 @@ class SlurmBackend:
     def _put(self, job: str, book: Book) -> None:
         self.books[job] = book
         self._save(job, book)
+
+    def requeue_held(self, job: str, why: str) -> bool:
+        """The safety net: requeue ``job`` (ended without a result, or hung) held, same id;
+        the daemon starts it again when it has nodes.  False when refused or failed."""
+        book = self.books.get(job, Book())
+        try:
+            if not self._verify(job):
+                return False
+            self._put(job, replace(book, launching=(), running=(), last_change_s=self.clock()))
+            self.runner.write(["scontrol", "requeuehold", job])
+        except SlurmCommandError as exc:
+            self.events.failed_actions += 1
+            log.error("job %s: requeue failed: %s", job, exc, extra={"job": job})
+            return False
+        self.events.recoveries += 1
+        log.warning("job %s: %s", job, why, extra={"job": job, "action": "requeue", "reason": why})
+        return True
 
     def _hold(self, job: str) -> None:
         try:

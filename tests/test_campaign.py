@@ -103,6 +103,48 @@ def test_submit_is_idempotent_and_survives_a_failure_midway(tmp_path):
                         "--ckpt", str(tmp_path / "out" / "t000" / "ckpt")]
 
 
+def test_a_trial_whose_job_is_gone_without_a_result_is_resubmitted_once(tmp_path):
+    spec = _spec(tmp_path, BASE)
+    jobs = iter(str(j) for j in range(200, 300))
+    calls = []
+
+    def sbatch(name, command, token):
+        calls.append((name, token))
+        return next(jobs)
+
+    tokens = iter(f"tok{i}" for i in range(100))
+    trials = campaign.submit_campaign(spec, sbatch, lambda i: next(tokens))
+    assert [t["job"] for t in trials] == ["200", "201", "202", "203", "204"]
+    d = tmp_path / "out" / "t000" / "ckpt"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"val_acc": 0.9, "final": True}))
+    # 200 finished (final result), 201 gone without one, 202 still queued; 203/204 gone too
+    queued = {"202"}
+    trials = campaign.submit_campaign(spec, sbatch, lambda i: next(tokens), queued=queued)
+    assert [t["job"] for t in trials] == ["200", "205", "202", "206", "207"]
+    assert [t.get("resubmits", 0) for t in trials] == [0, 1, 0, 1, 1]
+    assert trials[1]["token"] not in {c[1] for c in calls[:5]}       # a fresh token
+    again = campaign.submit_campaign(spec, sbatch, lambda i: next(tokens), queued={"202", "205", "206", "207"})
+    assert [t["job"] for t in again] == ["200", "205", "202", "206", "207"] and len(calls) == 8
+    assert campaign.submit_campaign(spec, sbatch, lambda i: next(tokens), queued=None)[1]["job"] == "205"
+
+
+def test_a_submit_that_died_after_sbatch_finds_its_job_by_token(tmp_path):
+    spec = _spec(tmp_path, BASE)
+    seen = {}
+
+    def dies_after_sbatch(name, command, token):
+        seen[token] = "300"
+        raise KeyboardInterrupt      # the process is gone before the id is saved
+
+    with pytest.raises(KeyboardInterrupt):
+        campaign.submit_campaign(spec, dies_after_sbatch, lambda i: f"k{i}")
+    calls = []
+    trials = campaign.submit_campaign(spec, lambda n, c, t: calls.append(t) or "301", lambda i: f"k{i}",
+                                      find_token=seen.get)
+    assert trials[0]["job"] == "300" and "k0" not in calls and len(calls) == 4
+
+
 def test_changed_spec_with_the_same_dir_is_refused(tmp_path):
     spec = _spec(tmp_path, BASE)
     campaign.submit_campaign(spec, lambda n, c, t: "1", lambda i: f"k{i}")

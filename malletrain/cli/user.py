@@ -145,7 +145,17 @@ def cmd_campaign(args) -> int:
             print(f"{name}: job {jid}", file=sys.stderr)
             return jid
 
-        trials = campaign.submit_campaign(spec, submit_one, lambda i: uuid.uuid4().hex[:16])
+        from malletrain.slurm.submit import find_token
+        queued = None
+        try:
+            queued = set(runner.read(["squeue", "-h", "-a", "-o", "%i"]).split())
+        except Exception as exc:   # noqa: BLE001 - without the queue nothing is resubmitted
+            print(f"malletrain: warning: cannot list the queue ({exc}); not resubmitting lost trials",
+                  file=sys.stderr)
+        trials = campaign.submit_campaign(
+            spec, submit_one, lambda i: uuid.uuid4().hex[:16], queued=queued,
+            find_token=lambda token: find_token(runner, token, cfg.slurm.partition),
+            say=lambda msg: print(msg, file=sys.stderr))
         print(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
               f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0

@@ -28,6 +28,8 @@ class JobFacts:
     progress_path: str | None = None   # where the job appends progress records, if any
     uid: int | None = None             # the owner's uid: progress files must be theirs
     max_nodes: int = 1_000_000         # the most nodes a progress record may claim
+    state: str = ""                    # the scheduler's state word (COMPLETED, FAILED, …) for ended jobs
+    nodes: tuple[str, ...] = ()        # where it runs (or ran last)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class Observation:
     # Changes whenever anything decide() reads changes (nodes, jobs, sizes);
     # None: the backend cannot tell, decide every cycle.
     generation: int | None = None
+    # Tagged jobs the scheduler reports as ended (still in its queue): the daemon's
+    # safety net reads their last progress record and requeues lost work.
+    ended: Mapping[str, JobFacts] = field(default_factory=dict)
 
     def profiles(self) -> dict[str, str]:
         return {job: f.profile for job, f in self.facts.items()}

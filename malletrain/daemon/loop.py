@@ -26,12 +26,13 @@ from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
 from malletrain.daemon.progress import ProgressSource, ProgressTail
+from malletrain.daemon.recovery import GIVE_UP, Ended, Recovery, RecoveryConfig, Running
 from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics
 from malletrain.daemon.status import Counters, CycleStats, DaemonStatus, JobStatus, Measured, write_status
 from malletrain.daemon.store import Store
 from malletrain.domain.config import Config, load_config
 from malletrain.domain.errors import BackendError, ConfigError, PlanError, StateError
-from malletrain.domain.model import Action, ActionKind, Plan
+from malletrain.domain.model import Action, ActionKind, Plan, ReasonCode
 from malletrain.slurm.adapter import SlurmBackend
 from malletrain.slurm.parse import Phase
 from malletrain.slurm.runner import Runner
@@ -46,6 +47,12 @@ def check_config(cfg: Config, where: str) -> Config:
         raise ConfigError(f"the daemon has no true curves; use one of {', '.join(DAEMON_POLICIES)}",
                           path=where, field="core.policy")
     return cfg
+
+
+def _recovery_config(dc) -> RecoveryConfig:
+    return RecoveryConfig(max_failures=dc.max_failures, retry_backoff_s=dc.retry_backoff_s,
+                          hang_floor_s=dc.hang_floor_s, hang_factor=dc.hang_factor,
+                          node_strikes=dc.node_strikes, node_cooldown_s=dc.node_cooldown_s)
 
 
 def make_runner(cfg: Config) -> Runner:
@@ -96,6 +103,13 @@ class Daemon:
         self.backend = SlurmBackend(self.runner, self.config.slurm, dc, clock=clock,
                                     save_book=self.store.save_book, books=books)
         self.journal = _Journal(self.backend, self.store, clock)
+        self.recovery = Recovery(_recovery_config(dc))
+        try:
+            self.recovery.load(self.store.get("recovery", {}))
+        except (TypeError, ValueError, AttributeError, IndexError) as exc:
+            log.warning("stored safety-net state unreadable, starting it afresh: %s", exc)
+        self.backend.excluded, self.backend.given_up = self.recovery.excluded, self.recovery.given_up
+        self._recovery_saved = self.recovery.dump()
         self.source = CurveSource(self.config.core)
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
@@ -152,6 +166,7 @@ class Daemon:
             if self.slurm_down_since is not None:
                 log.info("Slurm is back after %.0fs", self.clock() - self.slurm_down_since)
                 self.slurm_down_since = None
+            self._safety_net()
             self.plan = result.plan
             for a in result.plan.actions:
                 self.reasons[a.job_id] = a
@@ -163,6 +178,32 @@ class Daemon:
         self._write_status(result)
         self.notifier.watchdog()
         return result
+
+    def _safety_net(self) -> None:
+        """Requeue what ended without a result or hung (never while the store is read-only)."""
+        obs = self.journal.last
+        if obs is None or self.journal.read_only:
+            return
+        now = obs.snapshot.now_s
+        ended = {j: Ended(f.state, self.progress.final.get(j), f.nodes) for j, f in obs.ended.items()}
+        running = {j: Running(tuple(r.nodes), self.progress.last_progress.get(j), self.progress.step_s(j))
+                   for j, r in self.backend.records.items()
+                   if r.phase is Phase.RUNNING and j not in self.recovery.given_up}
+        try:
+            for d in self.recovery.step(now, ended, running, self.backend.present):
+                code = (ReasonCode.GAVE_UP if d.kind == GIVE_UP else
+                        ReasonCode.HUNG if d.reason.startswith("hung") else ReasonCode.LOST)
+                nodes = obs.facts[d.job_id].nodes if d.job_id in obs.facts else ()
+                self.store.add_actions(self.clock(), self.cycle,
+                                       [Action(d.job_id, ActionKind.REQUEUE, nodes, (), d.reason, code)])
+                if self.backend.requeue_held(d.job_id, d.reason):
+                    self.metrics.decisions.labels(code=code.value).inc()
+            state = self.recovery.dump()
+            if state != self._recovery_saved:
+                self.store.put("recovery", state)
+                self._recovery_saved = state
+        except BackendError as exc:
+            log.warning("safety net: Slurm unreachable, retrying next cycle: %s", exc)
 
     def _state_failed(self, exc: StateError) -> None:
         self.metrics.cycle_errors.labels(kind="state").inc()
@@ -222,6 +263,7 @@ class Daemon:
             log.warning("metrics_port and state_dir changes take effect at the next restart")
         self.config = new
         self.source = CurveSource(new.core, advisor=self.source.advisor)
+        self.recovery.config = _recovery_config(new.daemon)
         self.backend.slurm, self.backend.daemon = new.slurm, new.daemon
         fresh = make_runner(new)
         self.runner.env, self.runner.timeout_s = fresh.env, fresh.timeout_s
@@ -235,6 +277,7 @@ class Daemon:
         m, b = self.metrics, self.backend
         m.slurm_up.set(0 if self.slurm_down_since is not None else 1)
         m.state_writable.set(0 if self.store_down_since is not None else 1)
+        m.excluded_nodes.set(len(self.recovery.excluded))
         m.commands_last_cycle.labels(kind="read").set(reads)
         m.commands_last_cycle.labels(kind="write").set(writes)
         for cmd, secs, _kind in lat:
@@ -250,7 +293,8 @@ class Daemon:
         for name, value in (("preemptions", e.preemptions), ("rescales", e.rescales),
                             ("starts", e.starts), ("stops", e.stops), ("vacates", e.vacates),
                             ("refused_writes", e.refused_writes), ("tag_reads", e.tag_reads),
-                            ("progress_files_refused", self.tail.counters.refused)):
+                            ("progress_files_refused", self.tail.counters.refused),
+                            ("recoveries", e.recoveries)):
             m.advance(name, value)
         c = self.tail.counters
         m.advance("progress_lines_skipped", c.bad + c.oversized)
@@ -273,6 +317,7 @@ class Daemon:
             except StateError:       # the status still says what is known (and why the store failed)
                 hist = []
             why = self.reasons.get(jid)
+            gave_up = self.recovery.given_up.get(jid)
             jobs.append(JobStatus(
                 job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
                 slurm_reason=r.reason, nodes=tuple(r.nodes) if size else (), size=size,
@@ -283,7 +328,8 @@ class Daemon:
                 curve_source=curve.source if curve else None,
                 curve={str(n): round(p.mean, 3) for n, p in sorted(curve.points.items())} if curve else {},
                 probe=curve.probe if curve else None,
-                reason=why.reason if why else "", reason_code=why.code.value if why else "",
+                reason=gave_up or (why.reason if why else ""),
+                reason_code=ReasonCode.GAVE_UP.value if gave_up else (why.code.value if why else ""),
                 last_action=hist[-1] if hist else None, history=tuple(hist),
                 progress_skipped=self.tail.counters.by_job.get(jid, 0)))
         e, tc = b.events, self.tail.counters
@@ -296,9 +342,13 @@ class Daemon:
                               progress_lines=tc.lines, progress_lines_skipped=tc.bad + tc.oversized,
                               slurm_reads=self.runner.stats.total_reads,
                               slurm_writes=self.runner.stats.total_writes,
-                              refused_writes=e.refused_writes, progress_files_refused=tc.refused),
+                              refused_writes=e.refused_writes, progress_files_refused=tc.refused,
+                              recoveries=e.recoveries),
             last_cycle=self.last_cycle, jobs=tuple(jobs),
-            state_writable=self.store_down_since is None, state_error=self.store_error)
+            state_writable=self.store_down_since is None, state_error=self.store_error,
+            excluded_nodes={n: f"until {until:.0f}: {why}"
+                            for n, (until, why) in sorted(self.recovery.excluded.items())},
+            failures=dict(self.recovery.failures))
 
     def _write_status(self, result: CycleResult | None) -> None:
         try:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from malletrain.core.backend import Observation
+from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.files import Refused, open_as_owner
 from malletrain.domain.model import Sample
 
@@ -45,6 +45,9 @@ class TailState:
     offset: int = 0
     inode: int = 0
     last: tuple | None = None    # (restart, nodes, t, samples) of the last progress record
+    done: bool = False           # the last run ended with a final ``done`` record
+    step_s: float = 0.0          # the last progress record's step time
+    records: int = 0             # valid records read (this daemon's lifetime)
 
 
 @dataclass
@@ -62,6 +65,7 @@ MAX_T_S = 1e11            # year 5138
 MAX_SAMPLES = 1e18
 MAX_RESTART = 10**9
 MIN_RATE = 1e-9           # samples/s; slower is not a measurement (and 1/rate must stay finite)
+MAX_STEP_S = 1e6
 
 
 def _number(value: object, lo: float, hi: float, *, integer: bool = False) -> float | None:
@@ -137,6 +141,13 @@ class ProgressTail:
             if rec is None:
                 self._skip(job_id)
                 continue
+            st.records += 1
+            if rec["event"] == "start":
+                st.done = False
+            elif rec["event"] == "exit":
+                st.done = rec["reason"] == "done"
+            elif rec["event"] == "progress" and rec["step_s"] is not None:
+                st.step_s = rec["step_s"]
             sample = self._sample(job_id, st, rec)
             if sample is not None:
                 if MIN_RATE <= sample.samples_per_s <= self.max_samples_per_s:
@@ -176,8 +187,10 @@ class ProgressTail:
         restart = _number(rec.get("restart", 0), 0, MAX_RESTART, integer=True)
         if t is None or samples is None or nodes is None or restart is None:
             return None
+        step_s = _number(rec.get("step_s"), 0.0, MAX_STEP_S)
         return {"event": rec.get("event", "progress"), "t": float(t), "samples": float(samples),
-                "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason")}
+                "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason"),
+                "step_s": None if step_s is None else float(step_s)}
 
     @staticmethod
     def _sample(job_id: str, st: TailState, rec: dict) -> Sample | None:
@@ -202,13 +215,14 @@ class ProgressTail:
 
     # persistence (the daemon's store saves and restores these)
     def dump(self) -> dict:
-        return {p: [s.offset, s.inode, list(s.last) if s.last else None] for p, s in self.files.items()}
+        return {p: [s.offset, s.inode, list(s.last) if s.last else None, s.done] for p, s in self.files.items()}
 
     def load(self, data: dict) -> None:
         for p, entry in data.items():
             try:
-                offset, inode, last = entry
-                self.files[p] = TailState(int(offset), int(inode), tuple(last) if last else None)
+                offset, inode, last, *rest = entry
+                self.files[p] = TailState(int(offset), int(inode), tuple(last) if last else None,
+                                          bool(rest[0]) if rest else False)
             except (TypeError, ValueError):
                 log.warning("stored offset of %s unreadable; reading that file from the start", p)
 
@@ -226,38 +240,82 @@ class ProgressSource:
         self.tail = tail
         self.journal = journal
         self.latest: dict[str, Sample] = {}
+        self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
+        self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
         self._paths: dict[str, str] = {}
         self._saved = tail.dump()
 
+    def step_s(self, job: str) -> float:
+        path = self._paths.get(job)
+        st = self.tail.files.get(path) if path else None
+        return st.step_s if st else 0.0
+
     def poll(self, observation: Observation) -> tuple[Sample, ...]:
+        now = observation.snapshot.now_s
         for job in observation.finished:
-            path = self._paths.pop(job, None)
-            if path is not None:
-                self.tail.forget(path, job)
-            self.latest.pop(job, None)
+            self._drop(job)
         out: list[Sample] = []
+        for job, facts in observation.ended.items():    # the last records of a job that ended
+            if job not in self.final:
+                self.final[job] = self._final(job, facts, out)
+        for job in [j for j in self.final if j not in observation.ended]:
+            del self.final[job]
         for job, facts in observation.facts.items():
-            if not facts.progress_path:
-                continue
-            if facts.uid is None:      # without the owner's uid nothing can be checked: not read
-                self.tail._refuse(job, facts.progress_path, "the job's owner is unknown")
-                continue
-            self._paths[job] = facts.progress_path
-            try:
-                out += self.tail.poll(job, facts.progress_path, uid=facts.uid, max_nodes=facts.max_nodes)
-            except Exception:   # one job's data must never stop the others (SECURITY.md)
-                self.tail.counters.by_job[job] += 1
-                log.exception("job %s: progress file %s could not be processed", job, facts.progress_path,
-                              extra={"job": job, "reason": "progress error"})
+            got = self._read(job, facts, out)
+            if got:
+                self.last_progress[job] = now
         for s in out:
             self.latest[s.job_id] = s
+        self._persist(out)
+        return tuple(out)
+
+    def _read(self, job: str, facts: JobFacts, out: list[Sample]) -> int:
+        """Poll one job's file into ``out``; the number of valid records read."""
+        if not facts.progress_path:
+            return 0
+        if facts.uid is None:      # without the owner's uid nothing can be checked: not read
+            self.tail._refuse(job, facts.progress_path, "the job's owner is unknown")
+            return 0
+        self._paths[job] = facts.progress_path
+        st = self.tail.files.get(facts.progress_path)
+        before = st.records if st else 0
+        try:
+            out += self.tail.poll(job, facts.progress_path, uid=facts.uid, max_nodes=facts.max_nodes)
+        except Exception:   # one job's data must never stop the others (SECURITY.md)
+            self.tail.counters.by_job[job] += 1
+            log.exception("job %s: progress file %s could not be processed", job, facts.progress_path,
+                          extra={"job": job, "reason": "progress error"})
+            return 0
+        st = self.tail.files.get(facts.progress_path)
+        return (st.records if st else 0) - before
+
+    def _final(self, job: str, facts: JobFacts, out: list[Sample]) -> bool | None:
+        """Read an ended job's file to its end (bounded): True when its last run ended ``done``."""
+        if not facts.progress_path or facts.uid is None:
+            self._drop(job)
+            return None
+        for _ in range(64):
+            if not self._read(job, facts, out):
+                break
+        st = self.tail.files.get(facts.progress_path)
+        done = bool(st and st.done)
+        self._drop(job)
+        return done
+
+    def _drop(self, job: str) -> None:
+        path = self._paths.pop(job, None)
+        if path is not None:
+            self.tail.forget(path, job)
+        self.latest.pop(job, None)
+        self.last_progress.pop(job, None)
+
+    def _persist(self, out: list[Sample]) -> None:
         if self.journal is not None:
             self.journal.add_samples(out)
             offsets = self.tail.dump()
             if offsets != self._saved:     # offsets moved: persist them
                 self.journal.put("tails", offsets)
                 self._saved = offsets
-        return tuple(out)
 
 
 class SampleJournal(Protocol):

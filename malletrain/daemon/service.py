@@ -103,7 +103,11 @@ class DaemonMetrics:
             ("refused_writes", "Writes refused: the job no longer matched its id, owner, partition or tag"),
             ("progress_files_refused", "Progress files not opened (not the owner's, a symlink, a FIFO, "
                                        "outside progress_roots)"),
-            ("tag_reads", "Job comments (tags) read alone"))})
+            ("tag_reads", "Job comments (tags) read alone"),
+            ("recoveries", "Lost or hung malleable jobs requeued by the safety net"))})
+        self.excluded_nodes = Gauge("malletrain_excluded_nodes",
+                                    "Nodes left out of harvesting after repeated job failures or hangs",
+                                    registry=r)
         self.state_writable = Gauge("malletrain_state_writable",
                                     "1 when the state store takes writes; 0: read-only, nothing is applied",
                                     registry=r)

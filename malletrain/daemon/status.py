@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from malletrain.domain.errors import InputError
@@ -77,6 +77,7 @@ class Counters:
     slurm_writes: int = 0
     refused_writes: int = 0          # a job no longer matched its id/owner/partition/tag
     progress_files_refused: int = 0
+    recoveries: int = 0              # lost or hung jobs the safety net requeued
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ class DaemonStatus:
     schema_version: int = SCHEMA_VERSION
     state_writable: bool = True      # False: the store takes no writes, nothing is applied
     state_error: str = ""
+    excluded_nodes: dict[str, str] = field(default_factory=dict)   # node -> until/why (safety net)
+    failures: dict[str, int] = field(default_factory=dict)         # job -> failures so far
 
     def job(self, job_id: str) -> JobStatus | None:
         return next((j for j in self.jobs if j.job == job_id), None)

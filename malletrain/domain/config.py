@@ -153,7 +153,14 @@ class DaemonConfig:
     max_samples_per_s: float = 1e9   # a progress rate above this is not physical: the record is skipped
     max_records_per_job: int = 1000  # progress records read per job per cycle (the rest wait)
     max_tag_reads: int = 50          # new jobs whose tag is read per cycle (fair across users)
-    samples_kept: int = 2000         # JPA samples kept per profile (oldest age out)
+    samples_kept: int = 2000         # JPA samples kept per job (oldest age out)
+    # --- the safety net (nothing lost) and fault tolerance ---
+    max_failures: int = 3            # a job that ends without a result is requeued this often, then held
+    retry_backoff_s: float = 10.0    # before the first requeue; doubles per failure (at most 120 s)
+    hang_floor_s: float = 600.0      # a running job silent this long (and hang_factor x its step time) is hung
+    hang_factor: float = 10.0
+    node_strikes: int = 3            # failures/hangs on a node within node_cooldown_s that rest it ...
+    node_cooldown_s: float = 1800.0  # ... for this long (left out of harvesting, never drained)
 
     def validate(self, where: str = "config") -> DaemonConfig:
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
@@ -161,11 +168,13 @@ class DaemonConfig:
                 raise ConfigError("must be > 0", path=where, field=name)
         if not self.interval_s >= 0.1:
             raise ConfigError("must be >= 0.1 s", path=where, field="interval_s")
-        for name in ("max_samples_per_s", "max_records_per_job", "max_tag_reads", "samples_kept"):
+        for name in ("max_samples_per_s", "max_records_per_job", "max_tag_reads", "samples_kept",
+                     "hang_floor_s", "hang_factor", "node_strikes", "node_cooldown_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError("must be > 0", path=where, field=name)
-        if self.max_rescale_pause_s < 0:
-            raise ConfigError("must be >= 0", path=where, field="max_rescale_pause_s")
+        for name in ("max_rescale_pause_s", "max_failures", "retry_backoff_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", path=where, field=name)
         for root in self.progress_roots:
             if not root.startswith("/") or "\0" in root:
                 raise ConfigError(f"{root!r} is not an absolute path", path=where, field="progress_roots")

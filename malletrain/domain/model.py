@@ -51,6 +51,9 @@ class ReasonCode(enum.Enum):
     STATIC_SIZE = "static-size"          # static policy: fixed size
     FIFO = "fifo"                        # static policy: waits behind the head of the queue
     SOLVER = "solver"                    # the per-node MILP decided (bftrainer)
+    LOST = "lost"                        # requeue: ended without a final result (the safety net)
+    HUNG = "hung"                        # requeue: stopped reporting progress
+    GAVE_UP = "gave-up"                  # held for good: failed more than max_failures times
 
 
 class ActionKind(enum.Enum):
@@ -62,6 +65,7 @@ class ActionKind(enum.Enum):
     STOP = "stop"      # gives every node back (job stays queued, not cancelled)
     KEEP = "keep"      # same nodes as before
     WAIT = "wait"      # no nodes before, none now
+    REQUEUE = "requeue"  # the daemon's safety net requeued it held (never planned by decide)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,177 @@
+"""The safety net: no malleable job is lost, hung jobs restart, bad nodes rest.
+
+Pure bookkeeping (no I/O, no clock: ``now`` comes in); the daemon feeds it
+what Slurm and the progress files said this cycle and carries out its
+decisions through the backend's verified writes.
+
+State table of a tagged job that Slurm reports as ended:
+
+=====================================  ===========================================
+Slurm state / last progress record     what happens
+=====================================  ===========================================
+any, and an ``exit`` record with       finished: nothing to do
+``"reason": "done"``
+CANCELLED                              its owner (or an admin) cancelled it: left
+COMPLETED, no record facility          finished as far as anyone can tell: left
+anything else (FAILED, TIMEOUT,        lost work: requeued held, same job id, after
+NODE_FAIL, OUT_OF_MEMORY, COMPLETED    ``retry_backoff_s`` (doubling per failure),
+without ``done``, …)                   up to ``max_failures`` times; then held for
+                                       good with the reason (``status``/``explain``)
+=====================================  ===========================================
+
+A running job that has reported progress since it last started and then
+reports nothing for ``max(hang_floor_s, hang_factor x its step time)`` is
+hung: requeued held (it counts as a failure).  Every failure or hang is a
+strike against the nodes the job ran on; a node with ``node_strikes`` strikes
+within ``node_cooldown_s`` is left out of harvesting for ``node_cooldown_s``
+(the daemon never drains nodes: Slurm still runs primary jobs there).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+RETRY = "retry"
+GIVE_UP = "give-up"
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    max_failures: int = 3
+    retry_backoff_s: float = 10.0
+    retry_backoff_max_s: float = 120.0
+    hang_floor_s: float = 600.0
+    hang_factor: float = 10.0
+    node_strikes: int = 3
+    node_cooldown_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A tagged job Slurm reports as ended, and what its progress file said."""
+
+    state: str                      # Slurm's state word
+    done: bool | None               # a final ``done`` record was read; None: no progress file
+    nodes: tuple[str, ...] = ()     # where it ran last
+
+
+@dataclass(frozen=True)
+class Running:
+    nodes: tuple[str, ...]
+    last_progress_s: float | None   # daemon clock when its file last grew
+    step_s: float = 0.0             # its recent step time (from its records, bounded)
+
+
+@dataclass(frozen=True)
+class Decision:
+    job_id: str
+    kind: str                       # RETRY or GIVE_UP: both requeue the job held
+    reason: str
+
+
+@dataclass
+class Recovery:
+    config: RecoveryConfig = field(default_factory=RecoveryConfig)
+    failures: dict[str, int] = field(default_factory=dict)
+    retry_at: dict[str, float] = field(default_factory=dict)
+    pending_reason: dict[str, str] = field(default_factory=dict)
+    given_up: dict[str, str] = field(default_factory=dict)
+    handled: set[str] = field(default_factory=set)
+    since: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
+    strikes: dict[str, list[float]] = field(default_factory=dict)
+    excluded: dict[str, tuple[float, str]] = field(default_factory=dict)   # node -> (until, why)
+
+    def step(self, now: float, ended: Mapping[str, Ended], running: Mapping[str, Running],
+             present: Iterable[str]) -> list[Decision]:
+        """This cycle's requeues; updates the excluded nodes."""
+        present = set(present)
+        for table in (self.failures, self.retry_at, self.pending_reason, self.given_up, self.since):
+            for job in [j for j in table if j not in present]:
+                del table[job]
+        self.handled &= set(ended)
+        out: list[Decision] = []
+        for job, e in sorted(ended.items()):
+            if job in self.handled:
+                continue
+            self.handled.add(job)
+            why = self._lost(e)
+            if why is not None:
+                out += self._failed(job, now, why, e.nodes, ended=True)
+        for job, when in sorted(self.retry_at.items()):
+            if when <= now and job in ended:
+                del self.retry_at[job]
+                out.append(Decision(job, RETRY, self.pending_reason.pop(job, "lost")))
+        for job, r in sorted(running.items()):
+            seen = self.since.get(job)
+            if seen is None or seen[0] != r.nodes:
+                self.since[job] = (r.nodes, now)
+                continue
+            started = seen[1]
+            if r.last_progress_s is None or r.last_progress_s <= started:
+                continue        # has not reported in this run: no yardstick
+            limit = max(self.config.hang_floor_s, self.config.hang_factor * r.step_s)
+            quiet = now - r.last_progress_s
+            if quiet > limit:
+                self.since.pop(job, None)
+                why = (f"hung: no progress record for {quiet:.0f}s (limit {limit:.0f}s = "
+                       f"max(hang_floor_s, {self.config.hang_factor:g} x step time {r.step_s:.2f}s))")
+                out += self._failed(job, now, why, r.nodes, ended=False)
+        for job in [j for j in self.since if j not in running]:
+            del self.since[job]
+        for node, (until, _) in list(self.excluded.items()):
+            if until <= now:
+                del self.excluded[node]
+        return out
+
+    @staticmethod
+    def _lost(e: Ended) -> str | None:
+        if e.done:
+            return None
+        if e.state == "CANCELLED":
+            return None
+        if e.state == "COMPLETED" and e.done is None:
+            return None
+        return f"ended {e.state} without a final result"
+
+    def _failed(self, job: str, now: float, why: str, nodes: tuple[str, ...], *, ended: bool) -> list[Decision]:
+        n = self.failures.get(job, 0) + 1
+        self.failures[job] = n
+        self._strike(nodes, now, f"job {job} {why}")
+        if n > self.config.max_failures:
+            reason = f"{why}; failed {n} times (max_failures {self.config.max_failures}): held for its owner"
+            self.given_up[job] = reason
+            self.retry_at.pop(job, None)
+            return [Decision(job, GIVE_UP, reason)]
+        delay = min(self.config.retry_backoff_max_s, self.config.retry_backoff_s * 2 ** (n - 1))
+        reason = f"{why}; requeued (failure {n} of at most {self.config.max_failures})"
+        if ended and delay > 0:
+            self.retry_at[job] = now + delay
+            self.pending_reason[job] = reason
+            return []
+        return [Decision(job, RETRY, reason)]
+
+    def _strike(self, nodes: Iterable[str], now: float, why: str) -> None:
+        window = self.config.node_cooldown_s
+        for node in nodes:
+            hits = [t for t in self.strikes.get(node, []) if now - t < window] + [now]
+            self.strikes[node] = hits[-self.config.node_strikes:]
+            if len(hits) >= self.config.node_strikes and node not in self.excluded:
+                self.excluded[node] = (now + window, f"{len(hits)} malleable-job failures or hangs "
+                                                     f"within {window:.0f}s, last: {why}")
+                self.strikes[node] = []
+
+    # persistence (the daemon's store keeps it)
+    def dump(self) -> dict[str, Any]:
+        return {"failures": self.failures, "retry_at": self.retry_at, "pending_reason": self.pending_reason,
+                "given_up": self.given_up, "handled": sorted(self.handled),
+                "strikes": self.strikes, "excluded": {n: list(v) for n, v in self.excluded.items()}}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        self.failures = {str(k): int(v) for k, v in data.get("failures", {}).items()}
+        self.retry_at = {str(k): float(v) for k, v in data.get("retry_at", {}).items()}
+        self.pending_reason = {str(k): str(v) for k, v in data.get("pending_reason", {}).items()}
+        self.given_up = {str(k): str(v) for k, v in data.get("given_up", {}).items()}
+        self.handled = {str(j) for j in data.get("handled", [])}
+        self.strikes = {str(k): [float(t) for t in v] for k, v in data.get("strikes", {}).items()}
+        self.excluded = {str(k): (float(v[0]), str(v[1])) for k, v in data.get("excluded", {}).items()}

@@ -1,0 +1,143 @@
+"""The safety net (malletrain.daemon.recovery) as a pure state machine, then driven by the
+daemon against the scripted Slurm: lost work is requeued with the same id, bounded, hung
+jobs restart, nodes where jobs keep failing rest."""
+from __future__ import annotations
+
+import json
+import os
+
+from helpers import FakeSlurm, held_job
+
+from malletrain.daemon.recovery import GIVE_UP, RETRY, Ended, Recovery, RecoveryConfig, Running
+
+CFG = RecoveryConfig(max_failures=2, retry_backoff_s=10, retry_backoff_max_s=15, hang_floor_s=60,
+                     hang_factor=10, node_strikes=2, node_cooldown_s=100)
+
+
+def test_what_ended_without_a_result_is_retried_with_backoff_then_given_up():
+    r = Recovery(CFG)
+    lost = {"7": Ended("FAILED", False, ("n1",))}
+    assert r.step(0, lost, {}, {"7"}) == []                    # backoff first
+    assert r.step(5, lost, {}, {"7"}) == []
+    (d,) = r.step(10, lost, {}, {"7"})
+    assert d.kind == RETRY and "failure 1 of at most 2" in d.reason and "FAILED" in d.reason
+    assert r.step(11, {}, {}, {"7"}) == []                     # running again
+    assert r.step(20, lost, {}, {"7"}) == []
+    (d,) = r.step(35, lost, {}, {"7"})                         # 10 * 2, capped at 15
+    assert d.kind == RETRY and "failure 2" in d.reason
+    r.step(36, {}, {}, {"7"})
+    (d,) = r.step(40, lost, {}, {"7"})
+    assert d.kind == GIVE_UP and "failed 3 times" in d.reason and r.given_up["7"] == d.reason
+    assert r.step(1000, lost, {}, {"7"}) == []                 # held for good: nothing more
+    r.step(1001, {}, {}, set())                                # left the queue: forgotten
+    assert "7" not in r.failures and "7" not in r.given_up
+
+
+def test_finished_cancelled_and_unknowable_jobs_are_left_alone():
+    r = Recovery(CFG)
+    ended = {"1": Ended("COMPLETED", True), "2": Ended("FAILED", True), "3": Ended("CANCELLED", False),
+             "4": Ended("COMPLETED", None), "5": Ended("COMPLETED", False), "6": Ended("TIMEOUT", None)}
+    r.step(0, ended, {}, set(ended))
+    assert sorted(r.retry_at) == ["5", "6"]
+
+
+def test_a_job_that_stops_reporting_is_hung():
+    r = Recovery(CFG)
+    run = {"7": Running(("n1", "n2"), None, 0.5)}
+    assert r.step(0, {}, run, {"7"}) == []                     # first seen running
+    assert r.step(500, {}, run, {"7"}) == []                   # never reported: no yardstick
+    run = {"7": Running(("n1", "n2"), 510.0, 0.5)}
+    assert r.step(520, {}, run, {"7"}) == []
+    assert r.step(569, {}, run, {"7"}) == []                   # floor 60 s > 10 x 0.5 s
+    (d,) = r.step(571, {}, run, {"7"})
+    assert d.kind == RETRY and d.reason.startswith("hung: no progress record for 61s")
+    slow = {"8": Running(("n3",), 100.0, 30.0)}                 # 10 x 30 s step time beats the floor
+    r.step(50, {}, slow, {"8"})
+    assert r.step(399, {}, slow, {"8"}) == []
+    assert r.step(401, {}, slow, {"8"})[0].job_id == "8"
+
+
+def test_nodes_where_jobs_keep_failing_rest_and_come_back():
+    r = Recovery(CFG)
+    r.step(0, {"1": Ended("NODE_FAIL", False, ("n1", "n2"))}, {}, {"1", "2"})
+    assert r.excluded == {}
+    r.step(10, {"2": Ended("FAILED", False, ("n2",))}, {}, {"1", "2"})
+    assert set(r.excluded) == {"n2"} and "2 malleable-job failures" in r.excluded["n2"][1]
+    r.step(200, {}, {}, set())
+    assert r.excluded == {}
+
+
+def test_state_survives_a_restart():
+    r = Recovery(CFG)
+    r.step(0, {"7": Ended("FAILED", False, ("n1",))}, {}, {"7"})
+    again = Recovery(CFG)
+    again.load(json.loads(json.dumps(r.dump())))
+    assert again.dump() == r.dump()
+    assert again.step(0, {"7": Ended("FAILED", False, ("n1",))}, {}, {"7"}) == []   # handled, once
+    assert again.step(10, {"7": Ended("FAILED", False, ("n1",))}, {}, {"7"})[0].kind == RETRY
+
+
+# ---------------------------------------------------------------- through the daemon
+
+def _daemon(tmp_path, fake, **extra):
+    from malletrain.daemon.loop import Daemon
+    from malletrain.slurm.runner import Runner
+    cfg = tmp_path / "c.yaml"
+    d = {"state_dir": str(tmp_path / "state"), "metrics_port": 0, "interval_s": 2, "rescale_wait_s": 1,
+         "retry_backoff_s": 0, "max_failures": 1, "progress_roots": ["/tmp"], **extra}
+    cfg.write_text(json.dumps({"daemon": d}))
+    clock = {"t": 1000.0}
+    return Daemon(str(cfg), runner=Runner(exec_fn=fake, sleep=lambda s: None, retries=0),
+                  clock=lambda: clock["t"]), clock
+
+
+def _writes(fake):
+    return [tuple(c[1:]) for c in fake.calls if c[0] == "scontrol" and c[1] != "-o"]
+
+
+def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_path):
+    from malletrain.daemon.status import read_status
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    os.chmod(tmp_path, 0o755)
+    from malletrain.slurm.parse import Tag
+    fake = FakeSlurm()
+    held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    held_job(fake, "8", Tag("tik", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    (metrics / "8.jsonl").write_text('{"t": 1, "event": "start"}\n{"t": 2, "event": "exit", "reason": "done"}\n')
+    d, clock = _daemon(tmp_path, fake)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        clock["t"] += 2
+        d.cycle_once()
+        assert {j: fake.jobs[j]["state"] for j in ("7", "8")} == {"7": "RUNNING", "8": "RUNNING"}
+        fake.jobs["7"].update(state="FAILED", nodes=())            # crashed: no final record
+        fake.jobs["8"].update(state="COMPLETED", nodes=())          # finished: its "done" record
+        fake.calls.clear()
+        clock["t"] += 2
+        d.cycle_once()
+        assert ("requeuehold", "7") in _writes(fake) and ("requeuehold", "8") not in _writes(fake)
+        assert fake.jobs["7"]["state"] == "PENDING"                 # same id, back in the queue
+        for _ in range(2):
+            clock["t"] += 2
+            d.cycle_once()
+            fake.run_pending()
+        assert fake.jobs["7"]["state"] == "RUNNING"
+        fake.jobs["7"].update(state="FAILED", nodes=())              # and once more
+        for _ in range(2):
+            clock["t"] += 2
+            d.cycle_once()
+            fake.run_pending()
+        st = read_status(str(tmp_path / "state" / "status.json"))
+        job7 = st.job("7")
+        assert job7.reason_code == "gave-up" and "max_failures 1" in job7.reason
+        assert st.counters.recoveries == 2 and st.failures == {"7": 2}
+        assert fake.jobs["7"]["state"] == "PENDING"
+        fake.calls.clear()
+        for _ in range(3):
+            clock["t"] += 2
+            d.cycle_once()
+        assert _writes(fake) == []                                   # held for good: never started again
+    finally:
+        d.store.close()
