@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from malletrain.domain.config import read_yaml, reject_unknown
 from malletrain.domain.errors import InputError
+from malletrain.domain.text import shown
 
 TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
             "space", "fixed", "job")
@@ -300,7 +301,7 @@ def status_rows(spec: Spec, trials: list[dict], slurm_states: dict[str, tuple[st
     return rows
 
 
-def format_status(spec: Spec, rows: list[dict]) -> str:
+def format_status(spec: Spec, rows: list[dict]) -> list[str]:
     total = spec.fixed.get("steps")
     lines = [f"campaign {spec.name} ({spec.kind}, {spec.search} search, {len(rows)} trials) in {spec.dir}",
              f"{'TRIAL':<5} {'JOB':>6} {'STATE':<13} {'NODES':>5} {'STEP':>10} {'RESTARTS':>8} "
@@ -317,4 +318,4 @@ def format_status(spec: Spec, rows: list[dict]) -> str:
     lines.append(f"{done}/{len(rows)} done; best so far: " +
                  (f"{best['id']} {spec.metric}={best['metric']:.4g} ({'final' if best['final'] else 'interim'})"
                   if best else "none yet") + "   (~ interim value, * best)")
-    return "\n".join(lines)
+    return [shown(line) for line in lines]

@@ -36,6 +36,7 @@ daemon:
   state_dir: $OUT/state
   metrics_port: 0
   vacate_lead_s: 30
+  progress_roots: [$OUT]
 EOF
 malletrain config check "$OUT/config.yaml"
 

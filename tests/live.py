@@ -109,7 +109,7 @@ class DaemonProc:
                          "backoff_s": 0.3},
                "daemon": {"interval_s": interval_s, "state_dir": str(self.state_dir),
                           "metrics_port": 0, "vacate_lead_s": vacate_lead_s, "rescale_wait_s": 30,
-                          "start_timeout_s": 30}}
+                          "start_timeout_s": 30, "progress_roots": ["/tmp"]}}
         for sec, vals in (extra or {}).items():
             cfg[sec].update(vals)
         import yaml

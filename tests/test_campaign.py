@@ -172,5 +172,5 @@ def test_status_rows_progress_and_best(tmp_path):
     assert by["t001"]["state"] == "running" and by["t001"]["nodes"] == 2
     assert by["t003"]["metric"] is None and by["t004"]["state"] == "gone"
     assert [r["id"] for r in rows if r["best"]] == ["t001"]
-    text = campaign.format_status(spec, rows)
+    text = "\n".join(campaign.format_status(spec, rows))
     assert "best so far: t001 val_acc=0.95 (interim)" in text and "2/5 done" in text

@@ -72,6 +72,44 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, caplog, dama
     assert os.path.exists(path + ".corrupt") and store.steps() == [10]
 
 
+class _Planted:
+    """Unpickling this runs code (what a hostile file in the checkpoint directory would do)."""
+
+    def __reduce__(self):
+        return (os.system, ("touch planted-ran",))
+
+
+def test_a_planted_checkpoint_with_a_valid_header_is_refused_not_run(tmp_path, monkeypatch):
+    import hashlib
+    import io
+    monkeypatch.chdir(tmp_path)
+    store = CheckpointStore(str(tmp_path / "ck"), keep=3)
+    store.save(10, _state(10))
+    buf = io.BytesIO()
+    torch.save({"step": 20, "w": _Planted()}, buf)
+    payload = buf.getvalue()
+    (tmp_path / "ck" / "ckpt-000000020.pt").write_bytes(
+        b"MLTCKPT1" + hashlib.sha256(payload).hexdigest().encode() + payload)
+    got = store.restore()
+    assert got.step == 10 and not (tmp_path / "planted-ran").exists()
+    assert os.path.exists(store.path(20) + ".corrupt")
+
+
+def test_stale_temporary_and_old_quarantined_files_are_pruned(tmp_path):
+    store = CheckpointStore(str(tmp_path), keep=2)
+    stale = tmp_path / "ckpt-000000001.pt.tmp.999999"
+    fresh = tmp_path / "ckpt-000000002.pt.tmp.999998"
+    for p in (stale, fresh):
+        p.write_bytes(b"partial")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    for step in (3, 4, 5):
+        (tmp_path / f"ckpt-00000000{step}.pt.corrupt").write_bytes(b"x")
+    store.save(10, _state(10))
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["ckpt-000000002.pt.tmp.999998", "ckpt-000000004.pt.corrupt",
+                     "ckpt-000000005.pt.corrupt", "ckpt-000000010.pt"]
+
+
 def test_no_valid_checkpoint_means_a_fresh_start(tmp_path, caplog):
     store = CheckpointStore(str(tmp_path))
     assert store.restore() is None

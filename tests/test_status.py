@@ -47,3 +47,23 @@ def test_missing_malformed_or_other_schema_is_an_input_error(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps(doc))
     with pytest.raises(InputError, match="schema_version"):
         read_status(str(tmp_path / "s.json"))
+
+
+def test_status_and_explain_escape_control_characters(tmp_path, capsys):
+    """A job name or reason with terminal escapes, CR or newlines is shown escaped, never raw."""
+    from malletrain.cli.main import main
+    from malletrain.daemon.status import Counters, DaemonStatus, JobStatus, write_status
+    evil = "x\x1b[2J\x1b]0;pwned\x07\rroot\nfake-row"
+    job = JobStatus(job="7", name=evil, user="mallory", state="held", slurm_state="PENDING",
+                    slurm_reason="JobHeldUser", nodes=(), size=0, min_nodes=1, max_nodes=2, profile=evil,
+                    measured=None, predicted=None, curve_source=None, curve={}, probe=None,
+                    reason=evil, reason_code="gave-up", last_action=None, history=())
+    write_status(str(tmp_path / "status.json"), DaemonStatus(
+        t=0.0, cycle=1, slurm_up=True, interval_s=10, partition="scavenger", idle_nodes=0, vacating=(),
+        counters=Counters(), last_cycle=None, jobs=(job,), excluded_nodes={"n1": "until 5: " + evil}))
+    for argv in (["status"], ["explain", "7"]):
+        assert main([*argv, "--state-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out
+        assert "\\x1b[2J" in out and "fake-row" in out
+        assert all("fake-row" not in line or "\\n" in line for line in out.splitlines())

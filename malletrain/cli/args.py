@@ -5,6 +5,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from malletrain.domain.text import shown
+
 
 def time_arg(text: str) -> float:
     from malletrain.domain.timeutil import parse_time
@@ -34,3 +36,9 @@ def nonneg_float(text: str) -> float:
     if not (v >= 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
     return v
+
+
+
+def say(text: str, **kw) -> None:
+    """Print one line of output with every control character escaped (:func:`shown`)."""
+    print(shown(text), **kw)

@@ -14,9 +14,11 @@ import sys
 import time
 import uuid
 
+from malletrain.cli.args import say
 from malletrain.daemon.status import DaemonStatus, read_status
 from malletrain.domain.config import Config, SlurmConfig, load_config
 from malletrain.domain.errors import InputError
+from malletrain.domain.text import shown
 from malletrain.slurm.submit import LAUNCHES
 
 DEFAULT_CONFIG = "/etc/malletrain/config.yaml"
@@ -79,17 +81,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     age = time.time() - st.t
     c = st.counters
-    print(f"cycle {st.cycle} ({age:.0f}s ago), Slurm {'up' if st.slurm_up else 'DOWN'}, "
+    say(f"cycle {st.cycle} ({age:.0f}s ago), Slurm {'up' if st.slurm_up else 'DOWN'}, "
           f"{st.idle_nodes} idle node(s) in {st.partition}; {c.starts} starts, {c.rescales} rescales, "
           f"{c.preemptions} preemptions, {c.vacates} vacates")
     head = f"{'JOB':>7} {'NAME':<14} {'STATE':<8} {'SIZE':>4} {'RANGE':>6} {'NODES':<12} " \
            f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
-    print(head)
+    if not st.state_writable:
+        say(f"WARNING: the daemon's state store takes no writes, nothing is applied: {st.state_error}")
+    for node, why in st.excluded_nodes.items():
+        say(f"node {node} left out of harvesting {why}")
+    say(head)
     for j in st.jobs:
         meas = j.measured.samples_per_s if j.measured else None
         la = j.last_action
         last = f"{la.kind}: {la.reason}" if la else (j.reason or "-")
-        print(f"{j.job:>7} {j.name[:14]:<14} {j.state:<8} {j.size:>4} "
+        say(f"{j.job:>7} {shown(j.name)[:14]:<14} {j.state:<8} {j.size:>4} "
               f"{str(j.min_nodes) + '-' + str(j.max_nodes):>6} "
               f"{collect(j.nodes) if j.nodes else '-':<12} {_rate(meas):>10} "
               f"{_rate(j.predicted):>11}  {last}")
@@ -102,22 +108,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if job is None:
         raise InputError(f"job {args.job} is not a malleable job the daemon knows "
                          f"(known: {', '.join(j.job for j in st.jobs) or 'none'})")
-    print(f"job {job.job} ({job.name}, profile {job.profile or '-'}): {job.state} "
+    say(f"job {job.job} ({job.name}, profile {job.profile or '-'}): {job.state} "
           f"(Slurm {job.slurm_state}, {job.slurm_reason or 'no reason'}) on "
           f"{job.size} node(s), allowed {job.min_nodes}-{job.max_nodes}")
-    print(f"why: {job.reason or 'no decision yet'}" + (f" [{job.reason_code}]" if job.reason_code else ""))
+    say(f"why: {job.reason or 'no decision yet'}" + (f" [{job.reason_code}]" if job.reason_code else ""))
     if job.measured:
         m = job.measured
-        print(f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)")
+        say(f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)")
     if job.curve:
         probe = f", next probe at {job.probe} node(s)" if job.probe else ""
-        print(f"predicted throughput ({job.curve_source}{probe}): " +
+        say(f"predicted throughput ({job.curve_source}{probe}): " +
               ", ".join(f"{n}: {v:.4g}" for n, v in job.curve.items()))
     if job.history:
-        print("recent changes:")
+        say("recent changes:")
         for h in job.history:
             when = time.strftime("%H:%M:%S", time.localtime(h.t))
-            print(f"  {when} cycle {h.cycle}: {h.kind} [{h.from_nodes or '-'}] -> "
+            say(f"  {when} cycle {h.cycle}: {h.kind} [{h.from_nodes or '-'}] -> "
                   f"[{h.to_nodes or '-'}]: {h.reason}" + (f" [{h.code}]" if h.code else ""))
     return 0
 
@@ -142,7 +148,7 @@ def cmd_campaign(args) -> int:
                 time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
                 rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
                 launch=job.get("launch", "srun"))
-            print(f"{name}: job {jid}", file=sys.stderr)
+            say(f"{name}: job {jid}", file=sys.stderr)
             return jid
 
         from malletrain.slurm.submit import find_token
@@ -150,13 +156,13 @@ def cmd_campaign(args) -> int:
         try:
             queued = set(runner.read(["squeue", "-h", "-a", "-o", "%i"]).split())
         except Exception as exc:   # noqa: BLE001 - without the queue nothing is resubmitted
-            print(f"malletrain: warning: cannot list the queue ({exc}); not resubmitting lost trials",
+            say(f"malletrain: warning: cannot list the queue ({exc}); not resubmitting lost trials",
                   file=sys.stderr)
         trials = campaign.submit_campaign(
             spec, submit_one, lambda i: uuid.uuid4().hex[:16], queued=queued,
             find_token=lambda token: find_token(runner, token, cfg.slurm.partition),
-            say=lambda msg: print(msg, file=sys.stderr))
-        print(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
+            say=lambda msg: say(msg, file=sys.stderr))
+        say(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
               f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0
     st = campaign.load_state(spec)
@@ -171,12 +177,13 @@ def cmd_campaign(args) -> int:
             if len(parts) == 3:
                 states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
     except Exception as exc:   # noqa: BLE001 - status still shows files when Slurm is away
-        print(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+        say(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
     rows = campaign.status_rows(spec, st["trials"], states, metrics_dir)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(campaign.format_status(spec, rows))
+        for line in campaign.format_status(spec, rows):
+            say(line)
     return 0
 
 

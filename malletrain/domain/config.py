@@ -147,7 +147,7 @@ class DaemonConfig:
     log_format: str = "json"         # json | text
     # --- what users control is bounded (SECURITY.md) ---
     # progress files are read only below these directories
-    progress_roots: tuple = ("/home", "/scratch", "/work", "/tmp", "/var/tmp", "/srv")
+    progress_roots: tuple = ("/home", "/scratch", "/work", "/projects", "/lustre", "/gpfs")
     shared_profiles: tuple = ()      # profile names all users share; any other profile is per user
     max_rescale_pause_s: float = 3600.0  # a tag's --rescale-up/--rescale-down is clamped to this
     max_samples_per_s: float = 1e9   # a progress rate above this is not physical: the record is skipped

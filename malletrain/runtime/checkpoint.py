@@ -8,9 +8,14 @@ File layout (``ckpt-<step:09d>.pt`` in the job's checkpoint directory)::
 
 A write goes to ``<name>.tmp.<pid>``, is fsynced, then renamed over the final
 name, so a reader sees either the old set of files or the new one.  On
-restore the newest file that has the magic, the right checksum and unpickles
+restore the newest file that has the magic, the right checksum and loads
 wins; a newer file that fails is renamed ``*.corrupt`` (so it no longer
-counts against K) and a warning names it.
+counts against K) and a warning names it.  Loading uses
+``torch.load(weights_only=True)``: tensors, numbers, strings and containers
+only, so a file planted in the checkpoint directory cannot run code on
+unpickling.  Stale temporary files of dead writers (older than
+``STALE_TMP_S``) and all but the newest ``KEEP_CORRUPT`` quarantined files
+are pruned after every save.
 """
 from __future__ import annotations
 
@@ -26,6 +31,10 @@ log = logging.getLogger("malletrain.runtime")
 
 MAGIC = b"MLTCKPT1"
 NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+TMP = re.compile(r"^ckpt-\d{9}\.pt\.tmp\.(\d+)$")
+CORRUPT = re.compile(r"^ckpt-\d{9}\.pt\.corrupt$")
+STALE_TMP_S = 600.0
+KEEP_CORRUPT = 2
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,22 @@ class CheckpointStore:
 
     def _prune(self) -> None:
         for step in self.steps()[self.keep:]:
-            try:
-                os.unlink(self.path(step))
-            except FileNotFoundError:
-                pass
+            _unlink(self.path(step))
+        now = time.time()
+        corrupt = []
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            m = TMP.match(name)
+            if m and int(m.group(1)) != os.getpid():
+                try:
+                    if now - os.lstat(path).st_mtime > STALE_TMP_S:
+                        _unlink(path)
+                except FileNotFoundError:
+                    pass
+            elif CORRUPT.match(name):
+                corrupt.append(name)
+        for name in sorted(corrupt, reverse=True)[KEEP_CORRUPT:]:
+            _unlink(os.path.join(self.directory, name))
 
     @staticmethod
     def read(path: str) -> dict:
@@ -102,12 +123,22 @@ class CheckpointStore:
         if hashlib.sha256(payload).hexdigest().encode() != digest:
             raise ValueError("checksum mismatch (corrupt or truncated)")
         try:
-            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
         except Exception as exc:   # noqa: BLE001 - any unpickling failure means unusable
             raise ValueError(f"cannot unpickle: {exc}") from None
         if not isinstance(state, dict):
             raise ValueError("payload is not a state dict")
         return state
+
+    def restore_step(self, step: int) -> Restored:
+        """Exactly the checkpoint of ``step`` (the one another rank chose); ValueError if unusable."""
+        t0 = time.perf_counter()
+        path = self.path(step)
+        try:
+            state = self.read(path)
+        except OSError as exc:
+            raise ValueError(f"checkpoint {path} chosen by rank 0 is unreadable here: {exc}") from None
+        return Restored(path, step, state, (), time.perf_counter() - t0)
 
     def restore(self, *, quarantine: bool = True) -> Restored | None:
         """The newest valid checkpoint, or None when there is none."""
@@ -131,6 +162,13 @@ class CheckpointStore:
         if skipped:
             log.warning("no valid checkpoint left in %s; starting from scratch", self.directory)
         return None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _fsync_dir(directory: str) -> None:

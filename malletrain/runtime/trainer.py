@@ -136,7 +136,7 @@ class Runtime:
         self._perm_epoch: int | None = None
         self._perm: Any = None
         self.rng = {w: self._seed_rng(logical.mix(self.cfg.seed, w)) for w in self.mine}
-        restored = self.store.restore(quarantine=self.info.rank == 0)
+        restored = self._restore_agreed()
         if restored is None:
             self._broadcast_initial()
             if self.cfg.mode == "tolerance":
@@ -168,6 +168,18 @@ class Runtime:
         torch.set_rng_state(st["cpu"])
         if self.device.type == "cuda" and "cuda" in st:
             torch.cuda.set_rng_state(st["cuda"], self.device)
+
+    def _restore_agreed(self):
+        """Every rank resumes from the same checkpoint: rank 0 chooses (newest valid,
+        quarantining corrupt ones), the others read exactly that file."""
+        if self.pg is None:
+            return self.store.restore(quarantine=True)
+        chosen = self.store.restore(quarantine=True) if self.info.rank == 0 else None
+        step = torch.tensor([chosen.step if chosen is not None else -1], dtype=torch.long)
+        dist.broadcast(step, 0)
+        if self.info.rank == 0 or int(step) < 0:
+            return chosen
+        return self.store.restore_step(int(step))
 
     def _broadcast_initial(self) -> None:
         if self.pg is None:
