@@ -289,7 +289,8 @@ class SlurmBackend:
                    soon: set[str]) -> JobState | None:
         book = self.books.get(r.job_id, Book())
         spec = JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
-                       tag.rescale_down_s, self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name)
+                       tag.rescale_down_s, self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
+                       owner=r.user)
         phase = r.phase
         nodes: tuple[str, ...] = ()
         if phase is Phase.RUNNING:

@@ -9,7 +9,8 @@
   commands are not (their callers decide what is safe to repeat);
 * a failure raises :class:`SlurmCommandError` carrying argv, rc and stderr;
 * every call is counted and timed (read/write, latency) for the cycle's
-  benchmark and the Prometheus metrics.
+  benchmark and the Prometheus metrics; every write is logged (``command``
+  field of the JSON log): the daemon's audit trail.
 """
 from __future__ import annotations
 
@@ -106,6 +107,8 @@ class Runner:
     def _once(self, argv: Sequence[str], timeout_s: float | None, kind: str,
               env: Mapping[str, str] | None = None) -> str:
         argv = [str(a) for a in argv]
+        if kind == "write":    # the audit trail: every change the daemon makes in Slurm
+            log.info("slurm write: %s", " ".join(argv), extra={"command": argv})
         t0 = time.perf_counter()
         if kind == "read":
             self.stats.reads += 1

@@ -5,3 +5,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 EXAMPLES = os.path.join(ROOT, "examples")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+# ---------------------------------------------------------------- the real local Slurm cluster
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The test cluster (scripts/local-slurm.sh, 4 nodes), up for one test module."""
+    from live import Cluster
+    if os.geteuid() != 0:
+        pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
+    c = Cluster()
+    c.up()
+    c.clean()
+    yield c
+    c.clean()
+    c.script("down")
+
+
+@pytest.fixture
+def clean(cluster):
+    cluster.clean()
+    yield cluster
+    cluster.clean()

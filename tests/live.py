@@ -1,9 +1,11 @@
 """Helpers for the tests that run against the real local Slurm cluster."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 TEST_DIR = os.environ.get("MALLETRAIN_TEST_SLURM_DIR", os.path.join(ROOT, ".local-slurm-test"))
 TEST_PORT = os.environ.get("MALLETRAIN_TEST_SLURM_PORT", "7817")
 GRACE_S = 10
+TEST_USERS = ("mt-alice", "mt-mallory")     # created by the hostile-user tests
 
 
 def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):
@@ -51,13 +54,19 @@ class Cluster:
         return out.stdout
 
     def jobs(self) -> dict[str, dict]:
-        out = self.sh("squeue", "-h", "-a", "-o", "%i|%P|%T|%r|%N|%k|%S")
+        """Every queued job's Slurm-written fields (user text never enters this read)."""
+        out = self.sh("squeue", "-h", "-a", "-o", "%i|%P|%T|%r|%N|%S|%u")
         res = {}
         for line in out.splitlines():
-            jid, part, state, reason, nodes, comment, start = line.split("|", 6)
-            res[jid] = dict(partition=part, state=state, reason=reason, nodes=nodes,
-                            comment=comment, start=start)
+            jid, part, state, reason, nodes, start, user = line.split("|")
+            res[jid] = dict(partition=part, state=state, reason=reason, nodes=nodes, start=start, user=user)
         return res
+
+    def comment(self, jid: str) -> str:
+        """One job's comment, read alone (whatever it holds)."""
+        from malletrain.slurm.parse import TAG_FORMAT, parse_tag_record
+        rec = parse_tag_record(jid, self.sh("squeue", "-h", "-j", jid, "-o", TAG_FORMAT, check=False))
+        return rec.comment if rec else ""
 
     def job_times(self, jid: str) -> dict:
         out = self.sh("scontrol", "-o", "show", "job", jid)
@@ -65,8 +74,9 @@ class Cluster:
         return {k: kv.get(k) for k in ("JobState", "StartTime", "EndTime", "NodeList", "Restarts")}
 
     def clean(self) -> None:
-        self.sh("scancel", "--full", "-u", "root", check=False)
-        self.sh("scancel", "-u", "root", check=False)
+        for user in ("root", *TEST_USERS):
+            self.sh("scancel", "--full", "-u", user, check=False)
+            self.sh("scancel", "-u", user, check=False)
         wait_until(lambda: not any(j["state"] in ("RUNNING", "COMPLETING", "CONFIGURING")
                                    for j in self.jobs().values()), 60, "jobs to end")
         wait_until(lambda: self.sh("sinfo", "-h", "-N", "-p", "scavenger", "-o", "%T").split()
@@ -172,3 +182,45 @@ def metrics_records(tmp, job: str) -> list[dict]:
         if isinstance(rec, dict) and "event" in rec:
             out.append(rec)
     return out
+
+
+class OpenWatch:
+    """Linux inotify on canary files: which of them did anyone open or read while watched?
+
+    The hostile-user test plants canaries where a progress path could lead the daemon
+    (another user's private file, a path outside the roots…) and asserts none is opened.
+    """
+
+    IN_ACCESS, IN_OPEN = 0x1, 0x20
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.paths: dict[int, str] = {}
+        self.seen: set[str] = set()
+
+    def add(self, path: str) -> str:
+        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), self.IN_ACCESS | self.IN_OPEN)
+        if wd < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_add_watch {path}")
+        self.paths[wd] = path
+        return path
+
+    def opened(self) -> set[str]:
+        while True:
+            try:
+                buf = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            i = 0
+            while i + 16 <= len(buf):
+                wd, mask, _cookie, length = struct.unpack_from("iIII", buf, i)
+                if mask & (self.IN_ACCESS | self.IN_OPEN) and wd in self.paths:
+                    self.seen.add(self.paths[wd])
+                i += 16 + length
+        return set(self.seen)
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -136,3 +136,78 @@ def test_every_action_carries_a_reason_code_and_detail():
     assert all(a.reason for a in plan.actions)
     assert codes["a"] is ReasonCode.GAIN and codes["b"] is ReasonCode.GAIN
     assert codes["c"] in (ReasonCode.OUTBID, ReasonCode.TOO_FEW_NODES)
+
+
+# ---------------------------------------------------------------- probes are fair and bounded
+
+def _owned(jid, owner, held=(), changed=None, paused=0.0, hi=4):
+    return JobState(JobSpec(jid, 1, hi, owner=owner), tuple(held), "gpu" if held else None, paused, changed)
+
+
+def test_probes_go_round_robin_over_owners_and_at_most_probes_per_owner():
+    # Mallory queued first and more; Alice's one new job still gets a probe, Mallory at most 2
+    jobs = [_owned(f"m{i}", "mallory") for i in range(6)] + [_owned("a", "alice")]
+    curves = {j.job_id: Curve({}, 1, "no-data") for j in jobs}
+    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
+    probed = {a.job_id for a in p.actions if a.code.value == "probe"}
+    assert probed == {"m0", "m1", "a"}
+    waiting = {a.job_id: a.reason for a in p.actions if a.job_id not in probed}
+    assert all("probes_per_owner" in r for r in waiting.values())
+    # jobs still measuring count against their owner's limit
+    jobs[0] = _owned("m0", "mallory", held=["n0"], changed=990.0)
+    jobs[1] = _owned("m1", "mallory", held=["n1"], changed=990.0)
+    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
+    assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"a"}
+    # without a limit, FIFO over owners in turn
+    p = decide(snap(3, [_owned(f"m{i}", "mallory") for i in range(4)] + [_owned("a", "alice")]),
+               curves, CoreConfig(probes_per_owner=0))
+    assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"m0", "a", "m1"}
+
+
+def test_jobs_without_an_owner_are_each_their_own_party():
+    jobs = [js(f"j{i}", hi=4) for i in range(5)]
+    curves = {j.job_id: Curve({}, 1, "no-data") for j in jobs}
+    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=1))
+    assert sum(a.code.value == "probe" for a in p.actions) == 5
+
+
+def test_a_probe_that_yields_nothing_is_withdrawn_with_a_doubling_backoff():
+    from malletrain.core.curves import CurveSource
+    src = CurveSource(CoreConfig(probe_timeout_s=100))
+    silent = lambda held, changed: _owned("m", "mallory", held=held, changed=changed)
+    other = _owned("a", "alice")
+
+    def run(now, job):
+        s = Snapshot(now, tuple(Node(f"n{i}") for i in range(2)), (job, other))
+        return src.curves(s), decide(s, src.curves(s), CoreConfig(probe_timeout_s=100))
+
+    c, p = run(0.0, silent((), None))
+    assert c["m"].probe == 1 and p.allocations["m"]                 # probed
+    c, p = run(99.0, silent(("n0",), 0.0))
+    assert c["m"].probe == 1 and p.allocations["m"] == ("n0",)      # measuring: pinned
+    c, p = run(100.0, silent(("n0",), 0.0))
+    assert c["m"].probe is None and c["m"].source == "probe-timeout"
+    assert src.probe_misses("m") == 1
+    assert not p.allocations.get("m")                               # no claim on nodes Alice's probe needs
+    c2, _ = run(150.0, silent((), 100.0))
+    assert c2["m"] is c["m"]                                        # same object while backing off (cycle memo)
+    c, p = run(200.0, silent((), 100.0))                            # back-off over (100 s): probe again
+    assert c["m"].probe == 1
+    c, _ = run(300.0, silent(("n1",), 200.0))                       # no answer again: 200 s this time
+    assert src.probe_misses("m") == 2 and c["m"].probe is None
+    assert run(499.0, silent((), 300.0))[0]["m"].probe is None
+    assert run(500.0, silent((), 300.0))[0]["m"].probe == 1
+    # a rescale pause does not count against the probe
+    src2 = CurveSource(CoreConfig(probe_timeout_s=100))
+    s = Snapshot(150.0, (Node("n0"),), (_owned("m", "mallory", held=("n0",), changed=0.0, paused=100.0),))
+    assert src2.curves(s)["m"].probe == 1
+
+
+def test_a_probe_in_its_rescale_pause_counts_against_its_owner():
+    jobs = [_owned("m0", "mallory", held=["n0"], changed=990.0, paused=1010.0),
+            _owned("m1", "mallory", held=["n1"], changed=990.0, paused=1010.0),
+            _owned("m2", "mallory"), _owned("a", "alice")]
+    curves = {j.job_id: Curve({}, 1, "no-data") for j in jobs}
+    p = decide(snap(4, jobs), curves, CoreConfig(probes_per_owner=2))
+    assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"a"}
+    assert not p.allocations.get("m2")

@@ -129,9 +129,15 @@ def test_metrics_endpoint_cannot_be_exhausted_by_idle_connections():
     m = DaemonMetrics()
     server = serve_metrics(m, "127.0.0.1", 0, max_connections=4, timeout_s=1.0)
     port = server.server_address[1]
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]   # never send a byte
+    import threading
+    import time
+    threads0 = threading.active_count()
+    idle = []
+    most = 0
+    for _ in range(50):                      # never send a byte; the kernel's backlog is 4 too
+        idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        most = max(most, threading.active_count() - threads0)
     try:
-        import time
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:      # the slow ones time out, the rest were closed at once
             try:
@@ -142,7 +148,10 @@ def test_metrics_endpoint_cannot_be_exhausted_by_idle_connections():
         else:
             raise AssertionError("the endpoint never answered while idle clients held connections")
         assert "malletrain_idle_nodes" in body
-        assert m.metrics_rejected._value.get() >= 40
+        # the slots held while idle clients waited; the others were closed at once (how many
+        # depends on how the kernel paced the connects against the 1 s timeouts)
+        assert most <= 4 + 1
+        assert m.metrics_rejected._value.get() >= 1
     finally:
         for s in idle:
             s.close()

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from live import GRACE_S, Cluster, DaemonProc, metrics_records, wait_until
+from live import GRACE_S, DaemonProc, metrics_records, wait_until
 
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import Action, ActionKind, ReasonCode
@@ -37,27 +37,8 @@ def keep_figures(name: str, data: dict, tmp_path) -> None:
                 json.dump(data, fh, indent=1)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    if os.geteuid() != 0:
-        pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
-    c = Cluster()
-    c.up()
-    c.clean()
-    yield c
-    c.clean()
-    c.script("down")
-
-
-@pytest.fixture
-def clean(cluster):
-    cluster.clean()
-    yield cluster
-    cluster.clean()
-
-
 def _ours(cluster) -> dict[str, dict]:
-    return {j: r for j, r in cluster.jobs().items() if parse_tag(r["comment"]) is not None}
+    return {j: r for j, r in cluster.jobs().items() if parse_tag(cluster.comment(j)) is not None}
 
 
 def _running_nodes(cluster) -> dict[str, str]:
@@ -142,7 +123,7 @@ def test_submit_is_idempotent_when_sbatch_times_out_after_submitting(clean, tmp_
             f"--comment={tag}", "-o", "/dev/null", str(script)]
     job = submit(runner, argv, "idem42", "scavenger")
     assert calls.count("sbatch") == 1
-    assert [j for j, r in clean.jobs().items() if "idem42" in r["comment"]] == [job]
+    assert [j for j in clean.jobs() if "idem42" in clean.comment(j)] == [job]
     assert find_token(runner, "idem42", "scavenger") == job
 
 

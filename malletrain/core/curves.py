@@ -4,10 +4,22 @@
 * ``oracle``, ``bftrainer``, ``greedy`` – the true curves (given to them);
 * ``static`` – needs none.
 Curves are cached per job and rebuilt only when the job's data changed.
+
+Probes that yield nothing (malletrain policy).  A job whose curve asks for a
+probe is run at that count first and kept there while the JPA measures.  A job
+that sits at its probe count for ``probe_timeout_s`` (counted from the end of
+its rescale pause) without a measurement there — it never reports, its
+progress file is refused, it hangs in start-up — gets no probe for a back-off
+that doubles with each miss (``probe_timeout_s`` × 2^(misses-1), at most 16×):
+its curve then has ``probe=None`` and ``source="probe-timeout"``, so it is
+neither pinned nor preferred, and competes with what it has measured (nothing
+yet: no claim on nodes others want).  The miss count resets when the JPA's
+probe moves on.  Time comes from the snapshot: the source stays pure.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from malletrain.core.decide import size_grid
 from malletrain.domain.config import CoreConfig
@@ -15,6 +27,16 @@ from malletrain.domain.model import Curve, CurvePoint, JobState, Sample, Snapsho
 from malletrain.jpa.advisor import Advisor
 
 TruthFn = Callable[[int], float]
+MAX_PROBE_BACKOFF = 16     # x probe_timeout_s
+
+
+@dataclass(frozen=True)
+class ProbeWatch:
+    """One job's unanswered probes: at which count, how often, when to try again."""
+
+    count: int
+    misses: int = 0
+    retry_at_s: float = 0.0
 
 
 class CurveSource:
@@ -24,6 +46,8 @@ class CurveSource:
         self.truths = dict(truths or {})
         self.advisor = advisor or Advisor()
         self._cache: dict[str, tuple[object, Curve]] = {}
+        self._probes: dict[str, ProbeWatch] = {}
+        self._quiet: dict[str, tuple[Curve, Curve]] = {}   # curve -> the same without its probe
 
     def ingest(self, samples: tuple[Sample, ...], profiles: Mapping[str, str],
                finished: tuple[str, ...] = ()) -> None:
@@ -32,6 +56,8 @@ class CurveSource:
         self.advisor.add_many(samples)
         for job in finished:
             self._cache.pop(job, None)
+            self._probes.pop(job, None)
+            self._quiet.pop(job, None)
 
     def curves(self, snapshot: Snapshot) -> dict[str, Curve]:
         policy = self.config.policy
@@ -39,9 +65,42 @@ class CurveSource:
             return {}
         out = {}
         for job in snapshot.jobs:
-            out[job.job_id] = (self._learned(job) if policy == "malletrain"
+            out[job.job_id] = (self._watched(job, self._learned(job), snapshot.now_s) if policy == "malletrain"
                                else self._oracle(job))
         return out
+
+    def probe_misses(self, job_id: str) -> int:
+        w = self._probes.get(job_id)
+        return w.misses if w else 0
+
+    def _watched(self, job: JobState, curve: Curve, now_s: float) -> Curve:
+        """``curve``, or the same without its probe while an unanswered probe backs off."""
+        timeout = self.config.probe_timeout_s
+        if curve.probe is None or timeout <= 0:
+            self._probes.pop(job.job_id, None)
+            return curve
+        w = self._probes.get(job.job_id)
+        if w is None or w.count != curve.probe:
+            w = ProbeWatch(curve.probe)
+        if now_s < w.retry_at_s:
+            self._probes[job.job_id] = w
+            return self._without_probe(job.job_id, curve)
+        if job.nodes and job.size == curve.probe:
+            since = max(job.last_change_s if job.last_change_s is not None else now_s, job.paused_until_s)
+            if now_s - since >= timeout:
+                misses = w.misses + 1
+                backoff = timeout * min(MAX_PROBE_BACKOFF, 2 ** (misses - 1))
+                self._probes[job.job_id] = ProbeWatch(w.count, misses, now_s + backoff)
+                return self._without_probe(job.job_id, curve)
+        self._probes[job.job_id] = w
+        return curve
+
+    def _without_probe(self, job_id: str, curve: Curve) -> Curve:
+        hit = self._quiet.get(job_id)       # one object per curve: the cycle memo compares identity
+        if hit is None or hit[0] is not curve:
+            hit = (curve, replace(curve, probe=None, source="probe-timeout"))
+            self._quiet[job_id] = hit
+        return hit[1]
 
     def _grid(self, job: JobState) -> tuple[int, ...]:
         return size_grid(job.spec.min_nodes, job.spec.max_nodes, self.config.max_candidates)

@@ -6,7 +6,10 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    changed less than ``min_dwell_s`` ago, and (malletrain policy) one still
    measuring its probe count.
 2. *Probes* (malletrain policy): a job whose curve asks for a probe gets that
-   count first, FIFO, while capacity lasts — the JPA needs ≤3 measured counts.
+   count first while capacity lasts — the JPA needs ≤3 measured counts —
+   round-robin over owners (FIFO within one), at most ``probes_per_owner`` of
+   one owner's jobs at once.  (A probe that yields nothing is withdrawn by the
+   curve source after ``probe_timeout_s``, see :mod:`malletrain.core.curves`.)
 3. The rest is allocated by the policy's allocator on the remaining capacity
    (count-based: DP/MILP/greedy; ``bftrainer``: its per-node MILP; ``static``:
    fixed size, FIFO).
@@ -96,23 +99,35 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
             free_jobs.append(j)
 
     if config.policy == "malletrain":
-        rest = []
-        for j in free_jobs:
+        probing = Counter(_owner(j) for j in jobs if j.nodes and j.job_id in targets
+                          and (c := curves.get(j.job_id)) is not None and c.probe == j.size)
+        limit = config.probes_per_owner
+        granted: set[str] = set()
+        for j in _round_robin(free_jobs):
             c = curves.get(j.job_id)
             p = c.probe if c is not None else None
+            if c is None or p is None:
+                continue
             t = j.node_type or _best_type(cap)
-            if c is not None and p is not None and t is not None and cap[t] >= p:
+            if limit and probing[_owner(j)] >= limit:
+                if not c.points:
+                    targets[j.job_id] = (None, 0)
+                    reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: its owner has {limit} jobs probing "
+                                                                f"already (probes_per_owner)")
+                    granted.add(j.job_id)
+            elif t is not None and cap[t] >= p:
                 targets[j.job_id] = (t, p)
                 cap[t] -= p
+                probing[_owner(j)] += 1
                 reasons[j.job_id] = (ReasonCode.PROBE, f"probe at {p} nodes: the JPA has no "
                                                        f"measurement there yet ({c.source})")
-            elif p is not None and not (c and c.points):
+                granted.add(j.job_id)
+            elif not c.points:
                 targets[j.job_id] = (None, 0)
                 reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: probe needs {p} nodes, "
                                                             f"{max(cap.values(), default=0)} free")
-            else:
-                rest.append(j)
-        free_jobs = rest
+                granted.add(j.job_id)
+        free_jobs = [j for j in free_jobs if j.job_id not in granted]
 
     objective, solver = 0.0, config.policy
     chosen: dict[str, tuple[str, ...]] = {}     # concrete nodes picked by a per-node policy
@@ -142,6 +157,25 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
+
+
+def _owner(job: JobState) -> str:
+    """Whose job it is; a job without an owner (replay) is a party of its own."""
+    return job.spec.owner or "\0" + job.job_id
+
+
+def _round_robin(jobs: Sequence[JobState]) -> list[JobState]:
+    """Jobs interleaved over owners (each owner's in FIFO order): probes are granted
+    this way, so one user's many jobs cannot keep another user's first job waiting."""
+    queues: dict[str, list[JobState]] = {}
+    for j in jobs:
+        queues.setdefault(_owner(j), []).append(j)
+    out: list[JobState] = []
+    depth = 0
+    while len(out) < len(jobs):
+        out.extend(q[depth] for q in queues.values() if depth < len(q))
+        depth += 1
+    return out
 
 
 def _type_of(job: JobState, pool: Mapping[str, Node]) -> str | None:

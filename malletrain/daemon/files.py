@@ -7,8 +7,11 @@ file is opened only if the owner could have read it themselves:
 * every directory on the way is opened with ``O_NOFOLLOW`` relative to its
   parent (no symlink anywhere in the path is followed) and must be
   searchable by the owner (mode bits for the owner's uid and groups);
-* the file itself is opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO cannot block
-  the loop), must be a regular file, owned by the owner and readable by them.
+* the file itself must be a regular file, owned by the owner and readable by
+  them, as ``lstat`` relative to its directory says *before* it is opened (a
+  file that is not the owner's is never opened); it is then opened
+  ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO swapped in cannot block the loop) and
+  must be the same file (device, inode) with the same properties.
 
 Anything else raises :class:`Refused` with the reason; the caller logs it
 and counts it for that job.
@@ -70,6 +73,14 @@ def open_as_owner(path: str, uid: int, roots: Sequence[str]) -> int:
             if not _allowed(info, uid, groups, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)):
                 raise Refused(f"the owner cannot enter /{'/'.join(parts[:i])}")
             last = i == len(parts) - 1
+            if last:            # look before opening: a file that is not the owner's is never opened
+                try:
+                    seen = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise
+                except OSError as exc:
+                    raise Refused(f"{path}: {exc.strerror}") from None
+                _check_file(seen, uid)
             try:
                 nxt = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -79,14 +90,20 @@ def open_as_owner(path: str, uid: int, roots: Sequence[str]) -> int:
             os.close(fd)
             fd = nxt
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Refused("not a regular file")
-        if info.st_uid != uid:
-            raise Refused(f"owned by uid {info.st_uid}, not by the job's owner (uid {uid})")
-        if not info.st_mode & stat.S_IRUSR:
-            raise Refused("not readable by its owner")
+        _check_file(info, uid)
+        if (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
+            raise Refused("replaced while being opened")
         out, fd = fd, -1
         return out
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _check_file(info: os.stat_result, uid: int) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise Refused("not a regular file")
+    if info.st_uid != uid:
+        raise Refused(f"owned by uid {info.st_uid}, not by the job's owner (uid {uid})")
+    if not info.st_mode & stat.S_IRUSR:
+        raise Refused("not readable by its owner")

@@ -322,7 +322,7 @@ class Daemon:
                 job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
                 slurm_reason=r.reason, nodes=tuple(r.nodes) if size else (), size=size,
                 min_nodes=tag.min_nodes if tag else None, max_nodes=tag.max_nodes if tag else None,
-                profile=tag.profile if tag else "",
+                profile=(last.facts[jid].profile if last and jid in last.facts else tag.profile if tag else ""),
                 measured=Measured(meas.nodes, meas.samples_per_s, meas.t_s) if meas else None,
                 predicted=curve.mean(size) if curve and size else None,
                 curve_source=curve.source if curve else None,

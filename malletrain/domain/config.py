@@ -31,6 +31,10 @@ class CoreConfig:
     min_dwell_s: float = 0.0       # a job keeps a new size at least this long
     bftrainer_time_limit_s: float = 10.0  # BFTrainer's per-decision solver limit
     static_size: str = "max"       # static policy: run each job at 'max' or 'min' nodes
+    # probing (malletrain policy): a job with no measurement is run at a probe count first
+    probe_timeout_s: float = 600.0  # a probe that yields no measurement by then is given up (then retried
+                                    # after a doubling back-off); 0 = wait for ever
+    probes_per_owner: int = 2      # jobs of one owner probing at once (0 = no limit); probes go round-robin
 
     def validate(self, where: str = "config") -> CoreConfig:
         _choice(self.policy, POLICIES, where, "policy")
@@ -43,6 +47,9 @@ class CoreConfig:
             raise ConfigError("must be >= 0", path=where, field="min_dwell_s")
         if self.max_candidates < 2:
             raise ConfigError("must be >= 2", path=where, field="max_candidates")
+        for name in ("probe_timeout_s", "probes_per_owner"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", path=where, field=name)
         return self
 
 

@@ -91,6 +91,7 @@ class JobSpec:
     profile: str = ""
     submit_s: float = 0.0
     name: str = ""
+    owner: str = ""        # who owns it (the Slurm user); '' = a job of its own (replay)
 
 
 @dataclass(frozen=True)
