@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, help="checkpoint file (JSON)")
     p.add_argument("--checkpoint-s", type=float, default=0.0, help="time a checkpoint takes to write")
     p.add_argument("--report-s", type=float, default=0.5, help="at most one progress record per this many s")
+    # faults, for the fault-tolerance tests (first run only: SLURM_RESTART_COUNT 0)
+    p.add_argument("--hang-after-s", type=float, default=None,
+                   help="first run only: stop reporting after this long, keep running (a hung job)")
+    p.add_argument("--fail-on", default=None,
+                   help="exit 1 at once, without a result, whenever running on this node (SLURMD_NODENAME)")
     args = p.parse_args(argv)
 
     stop = {"sig": None, "t": 0.0}
@@ -71,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"samples": done}, fh)
         os.replace(tmp, args.checkpoint)
 
+    if args.fail_on and os.environ.get("SLURMD_NODENAME") == args.fail_on:
+        print(f"synthjob {job}: failing on {args.fail_on} (a broken node)", flush=True)
+        return 1
     record("start")
+    t_start = time.time()
     print(f"synthjob {job}: restart {restart}, {nodes} node(s), resuming at {done:.0f}/{args.work:.0f}",
           flush=True)
     time.sleep(args.startup_s)
@@ -79,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     step_s = args.batch / rate
     last_report = 0.0
     while done < args.work and stop["sig"] is None:
+        if args.hang_after_s is not None and restart == 0 and time.time() - t_start > args.hang_after_s:
+            time.sleep(0.2)       # hung: alive, silent, no progress (a signal still stops it)
+            continue
         time.sleep(step_s)
         done = min(args.work, done + args.batch)
         now = time.time()

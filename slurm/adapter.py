@@ -59,6 +59,11 @@ from malletrain.slurm.parse import (
 from malletrain.slurm.runner import Runner, SlurmCommandError
 
 log = logging.getLogger("malletrain.slurm")
+MAX_ENDED_READ = 500      # ended jobs read per cycle (one squeue -j list)
+
+
+def _job_order(job: str) -> tuple[int, str]:
+    return (int(job), "") if job.isdigit() else (1 << 62, job)
 
 
 @dataclass(frozen=True)
@@ -109,11 +114,13 @@ class SlurmBackend:
         self.present: set[str] = set()             # every job id in the queue this cycle
         self.excluded: Mapping[str, object] = {}    # nodes left out of harvesting (the daemon's safety net)
         self.given_up: Mapping[str, str] = {}       # jobs held for good: never started again
+        self.ended_watch: set[str] = set()          # ended tagged jobs still read (the safety net's)
 
     # ------------------------------------------------------------ observe
     def observe(self) -> Observation:
         now = self.clock()
         jobs = self._jobs()
+        jobs += self._ended(jobs)
         nodes = self._nodes()
         every = self.slurm.reservations_every
         if every and self._cycle % every == 0:
@@ -223,7 +230,7 @@ class SlurmBackend:
 
     def _read_tag(self, job: str) -> TagRecord | None:
         self.events.tag_reads += 1
-        rec = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-o", TAG_FORMAT]))
+        rec = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
         if rec is None:
             self.tag_records.pop(job, None)
         else:
@@ -254,7 +261,7 @@ class SlurmBackend:
         adopted with.  Anything else (or a failed read) refuses the write."""
         known = self.tag_records.get(job)
         try:
-            now = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-o", TAG_FORMAT]))
+            now = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
         except SlurmCommandError as exc:
             why = f"cannot re-read it: {exc}"
         else:
@@ -280,6 +287,30 @@ class SlurmBackend:
 
     def _jobs(self) -> list[JobRecord]:
         return parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+
+    def _ended(self, jobs: Sequence[JobRecord]) -> list[JobRecord]:
+        """Tagged jobs that left the queue read (which lists pending, running and completing
+        jobs only), read once more with ``-t all`` — one command for all of them — while
+        slurmctld still holds them (MinJobAge): how they ended decides whether the safety net
+        requeues them.  Jobs whose requeue waits out a back-off stay watched (``ended_watch``,
+        kept by the daemon); a steady cycle with nothing ended reads nothing more."""
+        listed = {r.job_id for r in jobs}
+        gone = sorted((set(self.records) | self.ended_watch | set(self.books)) - listed, key=_job_order)
+        if not gone:
+            self.ended_watch = set()
+            return []
+        if len(gone) > MAX_ENDED_READ:
+            log.warning("%d tagged jobs left the queue at once; reading %d of them now", len(gone),
+                        MAX_ENDED_READ)
+            gone = gone[:MAX_ENDED_READ]
+        out = parse_squeue(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-j", ",".join(gone),
+                                             "-o", SQUEUE_FORMAT]))
+        ended = [r for r in out if r.phase is Phase.FINISHED and r.job_id in gone]
+        self.ended_watch = {r.job_id for r in ended}
+        for job in set(gone) - self.ended_watch - {r.job_id for r in out}:
+            if job in self.books:       # purged by Slurm (or never ours): nothing left to requeue
+                self._forget(job)
+        return ended
 
     def _nodes(self) -> list[NodeRecord]:
         return parse_sinfo(self.runner.read(

@@ -33,6 +33,7 @@ def job(name="a", submit=0, lo=1, hi=4, work=1000.0, up=0, down=0, profile="p", 
 # ---------------------------------------------------------------- a scripted Slurm CLI
 
 TAG = Tag("tok", 1, 4, "p", 2.0, 1.0, "").encode()
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
 
 class FakeSlurm:
@@ -46,18 +47,20 @@ class FakeSlurm:
     def __call__(self, argv, **kw):
         self.calls.append(argv)
         cmd = argv[0]
-        if cmd == "squeue" and "-j" in argv and argv[-1] == "%i|%U|%P|%k":
-            j = argv[argv.index("-j") + 1]
-            r = self.jobs.get(j)
-            out = f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" if r else ""
-        elif cmd == "squeue" and "-j" in argv:
-            ids = argv[argv.index("-j") + 1].split(",")
-            out = "".join(f"{j}|{self.jobs[j]['state']}|{self.jobs[j]['reason']}\n" for j in ids if j in self.jobs)
+        # like Slurm: without '-t all', squeue lists pending, running and completing jobs only
+        everything = "-t" in argv and argv[argv.index("-t") + 1] == "all"
+        listed = {j: r for j, r in self.jobs.items() if everything or r["state"] not in ENDED}
+        if cmd == "squeue" and "-j" in argv:
+            listed = {j: listed[j] for j in argv[argv.index("-j") + 1].split(",") if j in listed}
+        if cmd == "squeue" and argv[-1] == "%i|%U|%P|%k":
+            out = "".join(f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" for j, r in listed.items())
+        elif cmd == "squeue" and argv[-1] == "%i|%T|%r":
+            out = "".join(f"{j}|{r['state']}|{r['reason']}\n" for j, r in listed.items())
         elif cmd == "squeue":
             out = "".join(
                 f"{j}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
                 f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
-                f"100|u|{r.get('uid', 1000)}\n" for j, r in self.jobs.items())
+                f"100|u|{r.get('uid', 1000)}\n" for j, r in listed.items())
         elif cmd == "sinfo":
             out = "".join(f"{n}|{s}|gpu:4|(null)\n" for n, s in self.nodes.items())
         elif cmd == "scontrol" and argv[1] == "-o":

@@ -83,7 +83,8 @@ class Cluster:
                    == ["idle"] * 4, 60, "all nodes idle")
 
     def submit_synth(self, tmp, name: str, *, lo=1, hi=4, work=1e9, rate=100.0, alpha=0.1,
-                     checkpoint_s=0.0, up=2, down=1, malletrain: list[str] | None = None) -> str:
+                     checkpoint_s=0.0, up=2, down=1, malletrain: list[str] | None = None,
+                     faults: list[str] = ()) -> str:
         """Submit the synthetic job with ``malletrain submit`` (this checkout's, or the
         argv prefix ``malletrain`` of an installed copy, run without this checkout on its path)."""
         installed = malletrain is not None
@@ -96,7 +97,7 @@ class Cluster:
              "--metrics-dir", str(tmp / "metrics"), "--",
              *job_env, sys.executable, "-m", "devtools.synthjob", "--work", str(work), "--rate", str(rate),
              "--alpha", str(alpha), "--checkpoint", str(tmp / f"{name}.ckpt"),
-             "--checkpoint-s", str(checkpoint_s), "--startup-s", "0.5", "--report-s", "0.3"],
+             "--checkpoint-s", str(checkpoint_s), "--startup-s", "0.5", "--report-s", "0.3", *faults],
             env=env, cwd=str(tmp) if installed else None, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()

@@ -109,6 +109,7 @@ class Daemon:
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             log.warning("stored safety-net state unreadable, starting it afresh: %s", exc)
         self.backend.excluded, self.backend.given_up = self.recovery.excluded, self.recovery.given_up
+        self.backend.ended_watch = set(self.recovery.retry_at)    # requeues still due
         self._recovery_saved = self.recovery.dump()
         self.source = CurveSource(self.config.core)
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
@@ -198,6 +199,8 @@ class Daemon:
                                        [Action(d.job_id, ActionKind.REQUEUE, nodes, (), d.reason, code)])
                 if self.backend.requeue_held(d.job_id, d.reason):
                     self.metrics.decisions.labels(code=code.value).inc()
+            # keep reading the ended jobs whose requeue waits out its back-off, no others
+            self.backend.ended_watch &= set(self.recovery.retry_at)
             state = self.recovery.dump()
             if state != self._recovery_saved:
                 self.store.put("recovery", state)
