@@ -52,6 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="samples per logical worker (the example's default, 32)")
     bt.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     bt.set_defaults(run=_bench_runtime)
+    from devtools.bench_queue import __doc__ as queue_doc
+    bq = bsub.add_parser("queue", help="cost of the unforgeable queue read at thousands of queued jobs "
+                                       "(starts its own local Slurm; root)", description=queue_doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bq.add_argument("--jobs", default="3000,30000", help="queue sizes, comma-separated (default 3000,30000)")
+    bq.add_argument("--repeat", type=positive(int), default=5, help="timed reads per figure (median)")
+    bq.add_argument("--dir", default=None, help="cluster directory (default: .local-slurm-bench in the checkout)")
+    bq.add_argument("--port", type=positive(int), default=7917, help="slurmctld port (default 7917)")
+    bq.add_argument("--keep", action="store_true", help="leave the cluster and its queue up")
+    bq.add_argument("--json", action="store_true")
+    bq.set_defaults(run=_bench_queue)
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")
@@ -67,6 +78,20 @@ def _emit(report, as_json: bool) -> int:
 def _bench_jpa(a: argparse.Namespace) -> int:
     from devtools.bench_data import bench_jpa
     return _emit(bench_jpa(a.data), a.json)
+
+
+def _bench_queue(a: argparse.Namespace) -> int:
+    import os
+
+    from devtools.bench_queue import ROOT, run
+    try:
+        sizes = [int(x) for x in a.jobs.split(",")]
+    except ValueError:
+        raise MalletrainError(f"--jobs: comma-separated integers, got {a.jobs!r}") from None
+    if not sizes or not all(0 < n <= 200_000 for n in sizes):
+        raise MalletrainError("--jobs: queue sizes between 1 and 200,000")
+    return _emit(run(sizes, directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
+                     repeat=a.repeat, keep=a.keep), a.json)
 
 
 def _bench_runtime(a: argparse.Namespace) -> int:

@@ -31,16 +31,24 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from malletrain.domain.config import read_yaml, reject_unknown
 from malletrain.domain.errors import InputError
-from malletrain.domain.text import shown
+from malletrain.domain.text import clipped, shown
+from malletrain.domain.timeutil import is_slurm_time
 
 TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
             "space", "fixed", "job")
 JOB_KEYS = ("min_nodes", "max_nodes", "gpus_per_node", "grace_s", "rescale_up_s",
             "rescale_down_s", "time", "launch", "profile")
 DISTS = ("uniform", "log_uniform", "int_uniform")
+LAUNCHES = ("srun", "batch")
+MAX_TRIALS = 10_000         # a campaign of more trials is refused before anything is sampled
+MAX_BOUND = 1e15            # |lo|, |hi| of a distribution (beyond, floats lose all precision)
+# the ranges `malletrain submit` accepts (malletrain.slurm.submit; the tag's limits)
+JOB_RANGES = {"min_nodes": (1, 100_000), "max_nodes": (1, 100_000), "gpus_per_node": (0, 1024),
+              "grace_s": (0, 1e7), "rescale_up_s": (0, 1e7), "rescale_down_s": (0, 1e7)}
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,13 @@ def load_spec(path: str) -> Spec:
     fixed = raw.get("fixed") or {}
     if not isinstance(fixed, dict):
         raise InputError("must be a mapping", path=path, field="fixed")
+    for key, value in fixed.items():
+        _finite(value, path, f"fixed.{key}")
     job = raw.get("job") or {}
     if not isinstance(job, dict):
         raise InputError("must be a mapping", path=path, field="job")
     reject_unknown(job, JOB_KEYS, path, within="job")
+    _check_job(job, path)
     search = raw.get("search", "random")
     if search not in ("random", "grid"):
         raise InputError("must be random or grid", path=path, field="search")
@@ -104,41 +115,96 @@ def load_spec(path: str) -> Spec:
     if goal not in ("max", "min"):
         raise InputError("must be max or min", path=path, field="goal")
     trials = raw.get("trials", 0 if search == "grid" else None)
-    if search == "random" and (not isinstance(trials, int) or trials < 1):
-        raise InputError("random search needs trials >= 1", path=path, field="trials")
+    if not _is_int(trials) or trials < (1 if search == "random" else 0):
+        want = "random search needs trials >= 1" if search == "random" else \
+            "must be an integer >= 0 (0: every combination)"
+        raise InputError(f"{want}, got {clipped(trials)}", path=path, field="trials")
+    if trials > MAX_TRIALS:
+        raise InputError(f"at most {MAX_TRIALS} trials per campaign, got {clipped(trials)}", path=path,
+                         field="trials")
+    if search == "grid":      # counted, never enumerated
+        combos = math.prod(len(dom) for dom in space.values())
+        if min(combos, trials or combos) > MAX_TRIALS:
+            count = f"{combos:,}" if combos < 10**15 else f"about 1e{math.floor(math.log10(combos))}"
+            raise InputError(f"the grid has {count} combinations, more than {MAX_TRIALS} trials; "
+                             "shrink the space or cap it with trials", path=path, field="space")
+    seed = raw.get("seed", 0)
+    if not _is_int(seed) or not 0 <= seed < 2**64:
+        raise InputError(f"must be an integer in [0, 2**64), got {clipped(seed)}", path=path, field="seed")
     lo, hi = job.get("min_nodes", 1), job.get("max_nodes", 4)
     if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-        raise InputError(f"need 1 <= min_nodes <= max_nodes, got {lo} and {hi}", path=path, field="job")
+        raise InputError(f"need 1 <= min_nodes <= max_nodes, got {clipped(lo)} and {clipped(hi)}",
+                         path=path, field="job")
     name = str(need("name", str))
     return Spec(path=os.path.abspath(path), name=name, kind=kind, command=tuple(command),
                 dir=os.path.normpath(os.path.join(base, str(raw.get("dir", f"runs/{name}")))), search=search,
-                trials=int(trials or 0), seed=int(raw.get("seed", 0)),
+                trials=trials, seed=seed,
                 metric=str(raw.get("metric", "val_acc")), goal=goal, space=space, fixed=fixed,
                 job=job)
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _domain(dom, path: str, where: str) -> None:
     if isinstance(dom, list):
         if not dom:
             raise InputError("empty list of choices", path=path, field=where)
+        _finite(dom, path, where)
         return
     if isinstance(dom, dict) and len(dom) == 1:
         (dist, bounds), = dom.items()
         if dist in DISTS and isinstance(bounds, list) and len(bounds) == 2 \
-                and all(isinstance(b, (int, float)) for b in bounds) and bounds[0] <= bounds[1] \
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) and abs(b) <= MAX_BOUND
+                        for b in bounds) and bounds[0] <= bounds[1] \
                 and (dist != "log_uniform" or bounds[0] > 0):
             return
-    raise InputError(f"expected a list of choices or one of {{{'|'.join(DISTS)}: [lo, hi]}} "
-                     f"(log_uniform needs lo > 0), got {dom!r}", path=path, field=where)
+    raise InputError(f"expected a list of choices or one of {{{'|'.join(DISTS)}: [lo, hi]}} with finite "
+                     f"|lo|, |hi| <= {MAX_BOUND:g} (log_uniform needs lo > 0), got {clipped(dom)}",
+                     path=path, field=where)
+
+
+def _finite(value, path: str, where: str) -> None:
+    """No NaN or ±inf anywhere in a parameter value (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"not a finite number: {value!r}", path=path, field=where)
+    if isinstance(value, list):
+        for v in value:
+            _finite(v, path, where)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _finite(v, path, where)
+
+
+def _check_job(job: dict, path: str) -> None:
+    """The trial jobs' values, checked as `malletrain submit` checks its flags."""
+    for key, (lo, hi) in JOB_RANGES.items():
+        if key not in job:
+            continue
+        v = job[key]
+        integer = key in ("min_nodes", "max_nodes", "gpus_per_node")
+        if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or not lo <= v <= hi:
+            raise InputError(f"must be {'an integer' if integer else 'a number'} in [{lo:g}, {hi:g}], "
+                             f"got {clipped(v)}", path=path, field=f"job.{key}")
+    if job.get("launch", "srun") not in LAUNCHES:
+        raise InputError(f"must be one of {', '.join(LAUNCHES)}, got {clipped(job['launch'])}", path=path,
+                         field="job.launch")
+    t = job.get("time")
+    if t is not None and not (isinstance(t, str) and is_slurm_time(t)):
+        hint = " (YAML reads an unquoted 4:00:00 as a number: quote it)" if isinstance(t, int) else ""
+        raise InputError(f"must be a Slurm time limit such as '4:00:00' or null, got {clipped(t)}{hint}",
+                         path=path, field="job.time")
+    if not isinstance(job.get("profile", ""), str):
+        raise InputError("must be a string", path=path, field="job.profile")
 
 
 def sample(spec: Spec) -> list[dict]:
     """The trials' parameters: a pure function of the spec (grid order or the seeded sampler)."""
     keys = sorted(spec.space)
     if spec.search == "grid":
-        combos = [dict(zip(keys, vals)) for vals in itertools.product(*(spec.space[k] for k in keys))]
-        if spec.trials:
-            combos = combos[:spec.trials]
+        grid = itertools.product(*(spec.space[k] for k in keys))
+        combos = [dict(zip(keys, vals)) for vals in itertools.islice(grid, spec.trials or None)]
     else:
         rng = random.Random(spec.seed)
         combos = [{k: _draw(rng, spec.space[k]) for k in keys} for _ in range(spec.trials)]
@@ -167,8 +233,15 @@ def load_state(spec: Spec) -> dict:
             st = json.load(fh)
     except FileNotFoundError:
         return {"name": spec.name, "trials": []}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read campaign state: {exc}", path=state_path(spec)) from None
+    except (OSError, ValueError, RecursionError) as exc:   # also not UTF-8, not JSON, nested too deeply
+        raise InputError(f"cannot read campaign state: {str(exc)[:200]}", path=state_path(spec)) from None
+    trials = st.get("trials") if isinstance(st, dict) else None
+    if not isinstance(trials, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("id"), str) and isinstance(t.get("params"), dict)
+            and isinstance(t.get("token"), str) and (t.get("job") is None or isinstance(t.get("job"), (str, int)))
+            for t in trials):
+        raise InputError("not a campaign state file (expected {\"trials\": [{\"id\", \"params\", \"token\", "
+                         "\"job\"}, ...]}); move it away to start afresh", path=state_path(spec))
     return st
 
 

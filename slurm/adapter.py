@@ -115,6 +115,10 @@ class SlurmBackend:
         self.excluded: Mapping[str, object] = {}    # nodes left out of harvesting (the daemon's safety net)
         self.given_up: Mapping[str, str] = {}       # jobs held for good: never started again
         self.ended_watch: set[str] = set()          # ended tagged jobs still read (the safety net's)
+        # whether a job's work already ended 'done' (its progress file, read by the daemon): such a
+        # job queued again (stopped or preempted as it finished) is never started again
+        self.finished_work: Callable[[str], bool] = lambda job: False
+        self.finished_queued: set[str] = set()      # such jobs seen this cycle: the daemon cancels them
 
     # ------------------------------------------------------------ observe
     def observe(self) -> Observation:
@@ -155,6 +159,7 @@ class SlurmBackend:
         pool_names -= set(self.excluded)
         self.present = {r.job_id for r in jobs}
         states, facts, ended = [], {}, {}
+        finished_queued: set[str] = set()
         live: dict[str, JobRecord] = {}
         for r, tag in malleable:
             tag = self._bounded(tag, len(nodes))
@@ -173,6 +178,9 @@ class SlurmBackend:
             facts[r.job_id] = fact
             if r.job_id in self.given_up:
                 continue          # held for good: shown by status, never started
+            if r.phase in (Phase.HELD, Phase.PENDING) and self.finished_work(r.job_id):
+                finished_queued.add(r.job_id)
+                continue          # its work is done: never started again
             st = self._job_state(r, tag, now, pool_names, soon)
             if st is not None:
                 states.append(st)
@@ -181,6 +189,7 @@ class SlurmBackend:
             self._forget(job)
         self.records = live
         self.vacating = soon
+        self.finished_queued = finished_queued
 
         pool = tuple(Node(n, node_info[n].node_type if n in node_info else DEFAULT_NODE_TYPE,
                           window_end_s=windows.get(n)) for n in sorted(pool_names))
@@ -379,6 +388,21 @@ class SlurmBackend:
         log.warning("job %s: %s", job, why, extra={"job": job, "action": "requeue", "reason": why})
         return True
 
+    def cancel_finished(self, job: str, why: str) -> bool:
+        """Cancel ``job``: queued again (stopped by us or preempted by Slurm just as it finished)
+        although its work ended 'done'; running it again would finish it twice."""
+        try:
+            if not self._verify(job):
+                return False
+            self._forget(job)
+            self.runner.write(["scancel", job])
+        except SlurmCommandError as exc:
+            self.events.failed_actions += 1
+            log.error("job %s: cancel failed: %s", job, exc, extra={"job": job})
+            return False
+        log.warning("job %s: %s", job, why, extra={"job": job, "action": "cancel", "reason": why})
+        return True
+
     def _hold(self, job: str) -> None:
         try:
             self._write(job, ["scontrol", "hold", job])
@@ -443,6 +467,11 @@ class SlurmBackend:
     def _launch(self, a: Action) -> None:
         now = self.clock()
         book = self.books.get(a.job_id, Book())
+        if a.kind is ActionKind.START and self.finished_work(a.job_id):
+            log.warning("job %s: its last run ended 'done' as it was stopped; not starting it again",
+                        a.job_id, extra={"job": a.job_id, "reason": "finished"})
+            self.finished_queued.add(a.job_id)
+            return
         k = len(a.to_nodes)
         tag = self.tags.get(a.job_id)
         pause = 0.0

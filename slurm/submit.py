@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from importlib import resources
 
 from malletrain.domain.errors import InputError
+from malletrain.domain.text import clipped
+from malletrain.domain.timeutil import is_slurm_time
 from malletrain.slurm.parse import TAG_FORMAT, Tag, parse_tag, parse_tag_record, tag_problem
 from malletrain.slurm.runner import Runner, SlurmCommandError
 
@@ -67,12 +69,14 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
     if not command:
         raise InputError("no command given (put it after --)")
     if not 1 <= min_nodes <= max_nodes:
-        raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {min_nodes} and {max_nodes}")
+        raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {clipped(min_nodes)} and "
+                         f"{clipped(max_nodes)}")
     tag = Tag(token, min_nodes, max_nodes, profile, rescale_up_s, rescale_down_s, metrics_dir,
               name=name if name.isprintable() else "")
     problem = tag_problem(tag)
     if problem:
         raise InputError(f"cannot make a malleable job of this: {problem}")
+    check_job_values(gpus_per_node=gpus_per_node, grace_s=grace_s, time_limit=time_limit)
     # sbatch expands %x/%j in --output; a '%' of the directory itself is written %%
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
             f"--nodes={min_nodes}", "--exclusive", "--requeue", "--hold",
@@ -87,6 +91,24 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
     script = render_script(command, metrics_dir=metrics_dir, grace_s=grace_s, launch=launch,
                            tasks_per_node=gpus_per_node or 1)
     return argv, script
+
+
+MAX_GPUS_PER_NODE = 1024
+MAX_GRACE_S = 1e7
+
+
+def check_job_values(*, gpus_per_node: int, grace_s: float, time_limit: str | None) -> None:
+    """:class:`InputError` for the submission values the tag does not carry (checked before
+    anything is written or run)."""
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) \
+            or not 0 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise InputError(f"need 0 <= --gpus-per-node <= {MAX_GPUS_PER_NODE}, got {clipped(gpus_per_node)}")
+    if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not 0 <= grace_s <= MAX_GRACE_S:
+        raise InputError(f"--grace-s: need a finite number of seconds in [0, {MAX_GRACE_S:g}], "
+                         f"got {clipped(grace_s)}")
+    if time_limit not in (None, "") and not (isinstance(time_limit, str) and is_slurm_time(time_limit)):
+        raise InputError("--time: need a Slurm time limit (minutes, [days-]hours:minutes:seconds, ...; "
+                         f"e.g. 4:00:00), got {clipped(time_limit)}")
 
 
 def read_template() -> str:

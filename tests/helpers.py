@@ -67,6 +67,12 @@ class FakeSlurm:
             out = "No reservations in the system\n"
         elif cmd == "scontrol":
             out = self._scontrol(argv[1:])
+        elif cmd == "scancel":
+            j = self.jobs[argv[1]]
+            for n in j["nodes"]:
+                self.nodes[n] = "idle"
+            j.update(state="CANCELLED", reason="None", nodes=())
+            out = ""
         else:
             raise AssertionError(argv)
         return subprocess.CompletedProcess(argv, 0, out, "")

@@ -104,7 +104,6 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
     fake = FakeSlurm()
     held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
     held_job(fake, "8", Tag("tik", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
-    (metrics / "8.jsonl").write_text('{"t": 1, "event": "start"}\n{"t": 2, "event": "exit", "reason": "done"}\n')
     d, clock = _daemon(tmp_path, fake)
     try:
         d.cycle_once()
@@ -112,6 +111,7 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
         clock["t"] += 2
         d.cycle_once()
         assert {j: fake.jobs[j]["state"] for j in ("7", "8")} == {"7": "RUNNING", "8": "RUNNING"}
+        (metrics / "8.jsonl").write_text('{"t": 1, "event": "start"}\n{"t": 2, "event": "exit", "reason": "done"}\n')
         fake.jobs["7"].update(state="FAILED", nodes=())            # crashed: no final record
         fake.jobs["8"].update(state="COMPLETED", nodes=())          # finished: its "done" record
         fake.calls.clear()
@@ -139,5 +139,41 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
             clock["t"] += 2
             d.cycle_once()
         assert _writes(fake) == []                                   # held for good: never started again
+    finally:
+        d.store.close()
+
+
+def test_a_job_queued_again_after_its_work_ended_done_is_cancelled_not_run_twice(tmp_path):
+    """The daemon stops a job (requeuehold) in the very second its last step finished and wrote
+    its final 'done' record: the copy queued again must not run (it would finish twice)."""
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    os.chmod(tmp_path, 0o755)
+    from malletrain.slurm.parse import Tag
+    fake = FakeSlurm()
+    held_job(fake, "9", Tag("tak", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    d, clock = _daemon(tmp_path, fake)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        assert fake.jobs["9"]["state"] == "RUNNING"
+        (metrics / "9.jsonl").write_text('{"t": 1, "event": "start"}\n')
+        clock["t"] += 2
+        d.cycle_once()
+        # requeued (as by a stop or a preemption) just as it wrote its final record
+        fake._scontrol(["requeuehold", "9"])
+        with open(metrics / "9.jsonl", "a") as fh:
+            fh.write('{"t": 3, "event": "exit", "reason": "done"}\n')
+        fake.calls.clear()
+        for _ in range(3):
+            clock["t"] += 2
+            d.cycle_once()
+            fake.run_pending()
+        writes = _writes(fake)
+        assert ("release", "9") not in writes and fake.jobs["9"]["state"] == "CANCELLED"
+        assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", "9"]]
+        from malletrain.daemon.status import read_status
+        st = read_status(str(tmp_path / "state" / "status.json"))
+        assert st.job("9") is None or st.job("9").reason_code == "finished", st.job("9")
     finally:
         d.store.close()

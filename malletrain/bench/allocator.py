@@ -14,8 +14,10 @@ import time
 from malletrain.bench import Report
 from malletrain.core.decide import decide, size_grid
 from malletrain.domain.config import CoreConfig
+from malletrain.domain.errors import InputError
 from malletrain.domain.model import DEFAULT_NODE_TYPE, Curve, CurvePoint, JobSpec, JobState, Node, Snapshot
 from malletrain.domain.stats import percentile
+from malletrain.domain.text import clipped
 
 
 # -- allocator latency --------------------------------------------------------
@@ -98,14 +100,31 @@ def per_node_instance(rng: random.Random, n_jobs: int, n_nodes: int, curve=None,
     return nodes, njobs, Problem(tuple(choices), {DEFAULT_NODE_TYPE: n_nodes})
 
 
+MAX_COMPARE_JOBS, MAX_COMPARE_NODES = 1000, 100_000
+
+
+def parse_sizes(sizes: str) -> list[tuple[int, int]]:
+    """``JOBSxNODES,...`` → [(jobs, nodes)]; :class:`InputError` for anything else."""
+    out = []
+    for spec in sizes.split(","):
+        parts = spec.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts):
+            raise InputError(f"--sizes: expected JOBSxNODES, e.g. 10x64, got {clipped(spec)}")
+        n_jobs, n_nodes = int(parts[0]), int(parts[1])
+        if not (1 <= n_jobs <= MAX_COMPARE_JOBS and 1 <= n_nodes <= MAX_COMPARE_NODES):
+            raise InputError(f"--sizes: need 1 <= JOBS <= {MAX_COMPARE_JOBS} and 1 <= NODES <= "
+                             f"{MAX_COMPARE_NODES}, got {clipped(spec)}")
+        out.append((n_jobs, n_nodes))
+    return out
+
+
 def bench_compare(sizes: str = "10x64,20x128", repeat: int = 3, time_limit_s: float = 60.0) -> Report:
     from malletrain.milp.bftrainer import solve_per_node
     from malletrain.milp.count import solve_count_milp
     from malletrain.milp.mck import solve_mck
     from malletrain.milp.problem import evaluate
     rows, lines = [], []
-    for spec in sizes.split(","):
-        n_jobs, n_nodes = (int(x) for x in spec.lower().split("x"))
+    for n_jobs, n_nodes in parse_sizes(sizes):
         for rep in range(repeat):
             rng = random.Random(1000 * n_jobs + rep)
             nodes, njobs, problem = per_node_instance(rng, n_jobs, n_nodes)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
-import math
 import sys
 
-from malletrain.cli.args import nonneg_float, positive, time_arg
-from malletrain.domain.config import ALLOCATORS, POLICIES, CoreConfig
+from malletrain.cli.args import bounded, positive, time_arg
+from malletrain.domain.config import ALLOCATORS, MAX_SECONDS, POLICIES, CoreConfig, read_text
 from malletrain.domain.errors import InputError
+from malletrain.domain.text import clipped
 
 EPILOG_REPLAY = """\
 trace formats (auto-detected):
@@ -28,6 +29,14 @@ example:
       --workload examples/workload-pollux.yaml --policy malletrain --out out/malletrain
 """
 
+
+# the flags' ranges: beyond them a replay would not end or would allocate without bound
+MAX_NODES = 1_000_000
+INTERVAL = bounded(float, 0.1, 1e7)          # seconds between decisions
+NODES = positive(int, MAX_NODES)
+JOBS = positive(int, 1_000_000)
+NOISE = bounded(float, 0, 1)                 # relative: 1 = as large as the rate itself
+TIME_LIMIT = positive(float, 1e6)            # a solver limit per decision
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -45,25 +54,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="malletrain: learns curves (JPA); oracle: true curves; bftrainer: "
                         "per-node MILP with true curves; greedy: marginal gain; static: fixed size FIFO")
     r.add_argument("--out", required=True, help="output directory (written atomically)")
-    r.add_argument("--interval", type=positive(float), default=30.0, metavar="S",
+    r.add_argument("--interval", type=INTERVAL, default=30.0, metavar="S",
                    help="decide at least every S seconds (default 30)")
-    r.add_argument("--horizon", type=positive(float), default=600.0, metavar="S",
+    r.add_argument("--horizon", type=positive(float, MAX_SECONDS), default=600.0, metavar="S",
                    help="look-ahead H of the objective (default 600)")
     r.add_argument("--start", type=time_arg, help="replay from TIME (ISO-8601 or epoch)")
     r.add_argument("--end", type=time_arg, help="replay until TIME")
-    r.add_argument("--nodes", type=positive(int), metavar="N", help="first N distinct nodes in trace order")
-    r.add_argument("--max-jobs", type=positive(int), metavar="K",
+    r.add_argument("--nodes", type=NODES, metavar="N", help="first N distinct nodes in trace order")
+    r.add_argument("--max-jobs", type=JOBS, metavar="K",
                    help="at most K admitted jobs at once (FIFO by submit time)")
-    r.add_argument("--procs-per-node", type=positive(int), default=1, metavar="P",
+    r.add_argument("--procs-per-node", type=positive(int, MAX_NODES), default=1, metavar="P",
                    help="SWF: processors per node (default 1)")
     r.add_argument("--seed", type=int, default=0, help="seed for sample noise (default 0)")
-    r.add_argument("--noise", type=nonneg_float, default=0.0, metavar="F",
+    r.add_argument("--noise", type=NOISE, default=0.0, metavar="F",
                    help="relative noise of reported throughput samples, e.g. 0.05")
     r.add_argument("--allocator", default="auto", choices=ALLOCATORS,
                    help="auto: exact knapsack DP for one node type, else CBC MILP")
-    r.add_argument("--time-limit", type=positive(float), default=5.0, metavar="S",
+    r.add_argument("--time-limit", type=TIME_LIMIT, default=5.0, metavar="S",
                    help="MILP time limit per decision (default 5)")
-    r.add_argument("--min-dwell", type=nonneg_float, default=0.0, metavar="S",
+    r.add_argument("--min-dwell", type=bounded(float, 0, MAX_SECONDS), default=0.0, metavar="S",
                    help="keep a new size at least S seconds (hysteresis; default 0)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -81,28 +90,28 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bsub = b.add_subparsers(dest="bench_command", required=True, metavar="WHICH")
     ba = bsub.add_parser("allocator", help="decision latency of the malletrain decide step")
     ba.set_defaults(run=cmd_bench_allocator)
-    ba.add_argument("--nodes", type=positive(int), default=4734)
-    ba.add_argument("--jobs", type=positive(int), default=100)
-    ba.add_argument("--repeat", type=positive(int), default=20)
+    ba.add_argument("--nodes", type=positive(int, 1_000_000), default=4734)
+    ba.add_argument("--jobs", type=positive(int, 100_000), default=100)
+    ba.add_argument("--repeat", type=positive(int, 10_000), default=20)
     ba.add_argument("--seed", type=int, default=0)
     ba.add_argument("--json", action="store_true", help="print JSON only")
     bc = bsub.add_parser("compare", help="BFTrainer per-node MILP (CBC) vs. count-based allocator")
     bc.set_defaults(run=cmd_bench_compare)
     bc.add_argument("--sizes", default="10x64,20x128", help="JOBSxNODES list (default 10x64,20x128)")
-    bc.add_argument("--repeat", type=positive(int), default=3)
-    bc.add_argument("--time-limit", type=positive(float), default=60.0)
+    bc.add_argument("--repeat", type=positive(int, 1000), default=3)
+    bc.add_argument("--time-limit", type=TIME_LIMIT, default=60.0)
     bc.add_argument("--json", action="store_true")
     bq = bsub.add_parser("quality", help="all policies side by side on one trace and workload")
     bq.set_defaults(run=cmd_bench_quality)
     bq.add_argument("--trace", required=True)
     bq.add_argument("--workload", required=True)
     bq.add_argument("--policies", default=",".join(POLICIES))
-    bq.add_argument("--nodes", type=positive(int))
+    bq.add_argument("--nodes", type=NODES)
     bq.add_argument("--start", type=time_arg)
     bq.add_argument("--end", type=time_arg)
-    bq.add_argument("--max-jobs", type=positive(int))
-    bq.add_argument("--noise", type=nonneg_float, default=0.05)
-    bq.add_argument("--interval", type=positive(float), default=30.0)
+    bq.add_argument("--max-jobs", type=JOBS)
+    bq.add_argument("--noise", type=NOISE, default=0.05)
+    bq.add_argument("--interval", type=INTERVAL, default=30.0)
     bq.add_argument("--json", action="store_true")
 
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
@@ -110,8 +119,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                      "(benchmarks/slurm.sh sets up the local one).")
     bs.set_defaults(run=cmd_bench_slurm)
     bs.add_argument("--config", required=True, help="daemon config YAML")
-    bs.add_argument("--cycles", type=positive(int), default=40)
-    bs.add_argument("--interval", type=positive(float), default=2.0, metavar="S")
+    bs.add_argument("--cycles", type=positive(int, 1_000_000), default=40)
+    bs.add_argument("--interval", type=INTERVAL, default=2.0, metavar="S")
     bs.add_argument("--json", action="store_true")
 
     sc = sub.add_parser("selfcheck", help="check the training runtime on this machine")
@@ -122,9 +131,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                           epilog="example:\n  malletrain selfcheck consistency --workers 4 "
                                  "--procs 1,2,3,4 --steps 24 --rescale 1,4,2,3 --kill9")
     cc.set_defaults(run=cmd_selfcheck)
-    cc.add_argument("--workers", type=positive(int), default=4, help="logical workers L (default 4)")
+    cc.add_argument("--workers", type=positive(int, 1024), default=4, help="logical workers L (default 4)")
     cc.add_argument("--procs", default="1,2,3,4", help="process counts to compare (default 1,2,3,4)")
-    cc.add_argument("--steps", type=positive(int), default=24, help="training steps (default 24)")
+    cc.add_argument("--steps", type=positive(int, 1_000_000), default=24, help="training steps (default 24)")
     cc.add_argument("--rescale", metavar="P,P,..", help="also run one job rescaled through these sizes")
     cc.add_argument("--kill9", action="store_true",
                     help="also SIGKILL one segment after a checkpoint and resume it")
@@ -132,7 +141,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     help="tolerance: native all-reduce (expected to differ)")
     cc.add_argument("--mapping", choices=("contiguous", "round_robin"), default="contiguous",
                     help="how logical workers map to processes")
-    cc.add_argument("--micro-batch", type=positive(int), default=8)
+    cc.add_argument("--micro-batch", type=positive(int, 1_000_000), default=8)
     cc.add_argument("--seed", type=int, default=0)
     cc.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     cc.add_argument("--keep", action="store_true", help="keep the runs' checkpoint directories")
@@ -145,7 +154,8 @@ def cmd_bench_allocator(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from malletrain.bench.allocator import bench_compare
+    from malletrain.bench.allocator import bench_compare, parse_sizes
+    parse_sizes(args.sizes)       # a bad --sizes fails before any solver runs
     bench_compare(args.sizes, args.repeat, args.time_limit).emit(args.json)
     return 0
 
@@ -153,6 +163,10 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 def cmd_bench_quality(args: argparse.Namespace) -> int:
     from malletrain.bench.quality import bench_quality
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise InputError(f"--policies: {clipped(', '.join(bad) or args.policies)} is not a list of: "
+                         f"{', '.join(POLICIES)}")
     bench_quality(args.trace, args.workload, policies, nodes=args.nodes, start=args.start,
                   end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
                   progress=not args.json).emit(args.json)
@@ -174,12 +188,13 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from malletrain.replay.engine import ReplayOptions, run_replay, write_outputs
+    from malletrain.replay.engine import ReplayOptions, check_out_dir, run_replay, write_outputs
     from malletrain.replay.traces import load_trace
     from malletrain.replay.workload import load_workload
 
     core = CoreConfig(policy=args.policy, horizon_s=args.horizon, allocator=args.allocator,
                       time_limit_s=args.time_limit, min_dwell_s=args.min_dwell).validate("command line")
+    check_out_dir(args.out)       # before the replay, not after it
     workload = load_workload(args.workload)
     trace = load_trace(args.trace, args.format, procs_per_node=args.procs_per_node,
                        nodes=args.nodes, start=args.start, end=args.end)
@@ -203,10 +218,10 @@ def cmd_jpa_predict(args: argparse.Namespace) -> int:
     from malletrain.jpa.scaling import band, fit_scaling
     try:
         counts = [int(x) for x in args.nodes.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"--nodes must be comma-separated integers, got {args.nodes!r}") from None
-    if not counts or any(n <= 0 for n in counts):
-        raise InputError(f"--nodes must list positive integers, got {args.nodes!r}")
+    except ValueError:       # also an integer of more than 4300 digits
+        raise InputError(f"--nodes must be comma-separated integers, got {clipped(args.nodes)}") from None
+    if not counts or any(not 0 < n <= MAX_NODES for n in counts):
+        raise InputError(f"--nodes must list integers from 1 to {MAX_NODES}, got {clipped(args.nodes)}")
     rows = _read_samples(args.samples)
     by: dict[int, list[float]] = {}
     for n, x in rows:
@@ -221,21 +236,24 @@ def cmd_jpa_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_SAMPLES_BYTES = 16 << 20
+SAMPLES_RANGE = (1e-9, 1e15)   # samples/s: outside, the fit under- or overflows
+
+
 def _read_samples(path: str) -> list[tuple[int, float]]:
-    try:
-        fh = open(path, encoding="utf-8", newline="")
-    except OSError as exc:
-        raise InputError(f"cannot read samples: {exc.strerror}", path=path) from exc
+    # a pipe works too (regular=False); /dev/zero stops at the size limit
+    text = read_text(path, max_bytes=MAX_SAMPLES_BYTES, what="samples", regular=False)
     rows = []
-    with fh:
-        reader = csv.reader(fh)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
         header = next(reader, None)
         if header is None:
             raise InputError("empty file (expected header nodes,samples_per_s)", path=path)
         if [h.strip() for h in header] != ["nodes", "samples_per_s"]:
-            raise InputError(f"header must be nodes,samples_per_s, got {','.join(header)!r}",
+            raise InputError(f"header must be nodes,samples_per_s, got {clipped(','.join(header))}",
                              path=path, line=1)
-        for lineno, row in enumerate(reader, start=2):
+        for row in reader:
+            lineno = reader.line_num
             if not row or not "".join(row).strip():
                 continue
             if len(row) != 2:
@@ -243,19 +261,23 @@ def _read_samples(path: str) -> list[tuple[int, float]]:
             try:
                 n = int(row[0])
             except ValueError:
-                raise InputError(f"not an integer: {row[0]!r}", path=path, line=lineno,
+                raise InputError(f"not an integer: {clipped(row[0])}", path=path, line=lineno,
                                  field="nodes") from None
             try:
                 x = float(row[1])
             except ValueError:
-                raise InputError(f"not a number: {row[1]!r}", path=path, line=lineno,
+                raise InputError(f"not a number: {clipped(row[1])}", path=path, line=lineno,
                                  field="samples_per_s") from None
-            if n <= 0:
-                raise InputError(f"must be positive, got {n}", path=path, line=lineno, field="nodes")
-            if not (x > 0 and math.isfinite(x)):
-                raise InputError(f"must be a positive finite number, got {row[1]!r}", path=path,
-                                 line=lineno, field="samples_per_s")
+            if not 0 < n <= MAX_NODES:
+                raise InputError(f"must be positive and at most {MAX_NODES}, got {clipped(n)}", path=path,
+                                 line=lineno, field="nodes")
+            lo, hi = SAMPLES_RANGE
+            if not lo <= x <= hi:
+                raise InputError(f"must be a positive finite number from {lo:g} to {hi:g}, got {clipped(row[1])}",
+                                 path=path, line=lineno, field="samples_per_s")
             rows.append((n, x))
+    except csv.Error as exc:
+        raise InputError(f"not CSV: {exc}", path=path, line=reader.line_num) from None
     if not rows:
         raise InputError("no measurements after the header", path=path)
     return rows

@@ -38,35 +38,68 @@ def _runner(cfg: Config):
                   timeout_s=s.command_timeout_s, retries=s.retries, backoff_s=s.backoff_s)
 
 
-def metrics_dir_of(given: str | None) -> str:
-    d = os.path.abspath(given or os.environ.get("MALLETRAIN_METRICS_DIR")
-                        or os.path.expanduser("~/.malletrain/metrics"))
-    os.makedirs(d, mode=0o755, exist_ok=True)
+def metrics_dir_path(given: str | None) -> str:
+    return os.path.abspath(given or os.environ.get("MALLETRAIN_METRICS_DIR")
+                           or os.path.expanduser("~/.malletrain/metrics"))
+
+
+def make_dir(d: str, what: str = "metrics directory") -> str:
+    """Create ``d`` (and its parents); :class:`InputError` naming it when that is impossible."""
+    try:
+        os.makedirs(d, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the {what}: {exc.strerror or exc}", path=d) from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise InputError(f"the {what} is not writable", path=d)
     return d
+
+
+def metrics_dir_of(given: str | None) -> str:
+    return make_dir(metrics_dir_path(given))
 
 
 def cmd_submit(args) -> int:
     cfg = _config(args.config)
-    metrics_dir = metrics_dir_of(args.metrics_dir)
+    metrics_dir = metrics_dir_path(args.metrics_dir)
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    from malletrain.slurm.submit import profile_name, submit_job
-    job = submit_job(
-        _runner(cfg), cfg.slurm.partition, command, token=uuid.uuid4().hex[:16], metrics_dir=metrics_dir,
-        name=args.name,
-        min_nodes=args.min_nodes, max_nodes=args.max_nodes, gpus_per_node=args.gpus_per_node,
-        profile=args.profile or profile_name(args.name), time_limit=args.time, rescale_up_s=args.rescale_up,
-        rescale_down_s=args.rescale_down, grace_s=args.grace_s, launch=args.launch)
+    from malletrain.slurm.submit import build_submission, profile_name, submit_job
+    token = uuid.uuid4().hex[:16]
+    spec = dict(name=args.name, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+                gpus_per_node=args.gpus_per_node, profile=args.profile or profile_name(args.name),
+                time_limit=args.time, rescale_up_s=args.rescale_up, rescale_down_s=args.rescale_down,
+                grace_s=args.grace_s, launch=args.launch)
+    # every check first: a bad flag writes nothing and runs no sbatch
+    build_submission(command, metrics_dir=metrics_dir, partition=cfg.slurm.partition, token=token,
+                     script_path=os.path.join(metrics_dir, f"job-{token}.sbatch"), **spec)
+    make_dir(metrics_dir)
+    job = submit_job(_runner(cfg), cfg.slurm.partition, command, token=token, metrics_dir=metrics_dir, **spec)
     print(job)
     print(f"malletrain: submitted job {job} held in {cfg.slurm.partition}; the daemon starts it "
           f"on idle nodes. Progress: {metrics_dir}/{job}.jsonl", file=sys.stderr)
     return 0
 
 
-def _status(args: argparse.Namespace) -> DaemonStatus:
+def _status_path(args: argparse.Namespace) -> str:
     state_dir = args.state_dir or _config(args.config).daemon.state_dir
-    return read_status(os.path.join(state_dir, "status.json"))
+    return os.path.join(state_dir, "status.json")
+
+
+# what a status.json of the right types may still make the rendering raise (guarded: all or nothing)
+_MALFORMED = (AttributeError, KeyError, TypeError, ValueError, OverflowError, IndexError, RecursionError)
+
+
+def _status(path: str) -> DaemonStatus:
+    return read_status(path)
+
+
+def _rendered(path: str, render) -> list[str]:
+    """``render()``'s lines, all or none: a field of the wrong type is an error naming the file."""
+    try:
+        return list(render())
+    except _MALFORMED as exc:
+        raise InputError(f"not a malletrain status file: {str(exc)[:120]}", path=path) from None
 
 
 def _rate(x: float | None) -> str:
@@ -74,58 +107,71 @@ def _rate(x: float | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from malletrain.slurm.parse import collect
-    st = _status(args)
+    path = _status_path(args)
+    st = _status(path)
     if args.json:
         print(json.dumps(dataclasses.asdict(st), indent=1))
         return 0
+    for line in _rendered(path, lambda: _status_lines(st)):
+        say(line)
+    return 0
+
+
+def _status_lines(st: DaemonStatus):
+    from malletrain.slurm.parse import collect
     age = time.time() - st.t
     c = st.counters
-    say(f"cycle {st.cycle} ({age:.0f}s ago), Slurm {'up' if st.slurm_up else 'DOWN'}, "
-          f"{st.idle_nodes} idle node(s) in {st.partition}; {c.starts} starts, {c.rescales} rescales, "
-          f"{c.preemptions} preemptions, {c.vacates} vacates")
+    yield (f"cycle {st.cycle} ({age:.0f}s ago), Slurm {'up' if st.slurm_up else 'DOWN'}, "
+           f"{st.idle_nodes} idle node(s) in {st.partition}; {c.starts} starts, {c.rescales} rescales, "
+           f"{c.preemptions} preemptions, {c.vacates} vacates")
     head = f"{'JOB':>7} {'NAME':<14} {'STATE':<8} {'SIZE':>4} {'RANGE':>6} {'NODES':<12} " \
            f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
     if not st.state_writable:
-        say(f"WARNING: the daemon's state store takes no writes, nothing is applied: {st.state_error}")
+        yield f"WARNING: the daemon's state store takes no writes, nothing is applied: {st.state_error}"
     for node, why in st.excluded_nodes.items():
-        say(f"node {node} left out of harvesting {why}")
-    say(head)
+        yield f"node {node} left out of harvesting {why}"
+    yield head
     for j in st.jobs:
         meas = j.measured.samples_per_s if j.measured else None
         la = j.last_action
         last = f"{la.kind}: {la.reason}" if la else (j.reason or "-")
-        say(f"{j.job:>7} {shown(j.name)[:14]:<14} {j.state:<8} {j.size:>4} "
-              f"{str(j.min_nodes) + '-' + str(j.max_nodes):>6} "
-              f"{collect(j.nodes) if j.nodes else '-':<12} {_rate(meas):>10} "
-              f"{_rate(j.predicted):>11}  {last}")
-    return 0
+        yield (f"{j.job:>7} {shown(j.name)[:14]:<14} {j.state:<8} {j.size:>4} "
+               f"{str(j.min_nodes) + '-' + str(j.max_nodes):>6} "
+               f"{collect(j.nodes) if j.nodes else '-':<12} {_rate(meas):>10} "
+               f"{_rate(j.predicted):>11}  {last}")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    st = _status(args)
-    job = st.job(str(args.job))
+    path = _status_path(args)
+    st = _status(path)
+    job = _rendered(path, lambda: [st.job(str(args.job))])[0]
     if job is None:
+        known = _rendered(path, lambda: [", ".join(j.job for j in st.jobs)])[0]
         raise InputError(f"job {args.job} is not a malleable job the daemon knows "
-                         f"(known: {', '.join(j.job for j in st.jobs) or 'none'})")
-    say(f"job {job.job} ({job.name}, profile {job.profile or '-'}): {job.state} "
-          f"(Slurm {job.slurm_state}, {job.slurm_reason or 'no reason'}) on "
-          f"{job.size} node(s), allowed {job.min_nodes}-{job.max_nodes}")
-    say(f"why: {job.reason or 'no decision yet'}" + (f" [{job.reason_code}]" if job.reason_code else ""))
+                         f"(known: {known or 'none'})")
+    for line in _rendered(path, lambda: _explain_lines(job)):
+        say(line)
+    return 0
+
+
+def _explain_lines(job):
+    yield (f"job {job.job} ({job.name}, profile {job.profile or '-'}): {job.state} "
+           f"(Slurm {job.slurm_state}, {job.slurm_reason or 'no reason'}) on "
+           f"{job.size} node(s), allowed {job.min_nodes}-{job.max_nodes}")
+    yield f"why: {job.reason or 'no decision yet'}" + (f" [{job.reason_code}]" if job.reason_code else "")
     if job.measured:
         m = job.measured
-        say(f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)")
+        yield f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)"
     if job.curve:
         probe = f", next probe at {job.probe} node(s)" if job.probe else ""
-        say(f"predicted throughput ({job.curve_source}{probe}): " +
-              ", ".join(f"{n}: {v:.4g}" for n, v in job.curve.items()))
+        yield (f"predicted throughput ({job.curve_source}{probe}): " +
+               ", ".join(f"{n}: {v:.4g}" for n, v in job.curve.items()))
     if job.history:
-        say("recent changes:")
+        yield "recent changes:"
         for h in job.history:
             when = time.strftime("%H:%M:%S", time.localtime(h.t))
-            say(f"  {when} cycle {h.cycle}: {h.kind} [{h.from_nodes or '-'}] -> "
-                  f"[{h.to_nodes or '-'}]: {h.reason}" + (f" [{h.code}]" if h.code else ""))
-    return 0
+            yield (f"  {when} cycle {h.cycle}: {h.kind} [{h.from_nodes or '-'}] -> "
+                   f"[{h.to_nodes or '-'}]: {h.reason}" + (f" [{h.code}]" if h.code else ""))
 
 
 def cmd_campaign(args) -> int:
@@ -134,8 +180,11 @@ def cmd_campaign(args) -> int:
     if args.dir:
         spec = dataclasses.replace(spec, dir=os.path.abspath(args.dir))
     cfg = _config(args.config)
-    metrics_dir = metrics_dir_of(args.metrics_dir or os.path.join(spec.dir, "metrics"))
+    metrics_dir = metrics_dir_path(args.metrics_dir or os.path.join(spec.dir, "metrics"))
+    st = campaign.load_state(spec)      # a broken state file stops both actions before Slurm is asked
     if args.campaign_command == "submit":
+        make_dir(spec.dir, "campaign directory")
+        make_dir(metrics_dir)
         from malletrain.slurm.submit import profile_name, submit_job
         job = spec.job
         runner = _runner(cfg)
@@ -165,7 +214,6 @@ def cmd_campaign(args) -> int:
         say(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
               f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0
-    st = campaign.load_state(spec)
     if not st["trials"]:
         raise InputError("nothing submitted yet: run `malletrain campaign submit` first",
                          path=campaign.state_path(spec))

@@ -111,6 +111,7 @@ class Daemon:
         self.backend.excluded, self.backend.given_up = self.recovery.excluded, self.recovery.given_up
         self.backend.ended_watch = set(self.recovery.retry_at)    # requeues still due
         self._recovery_saved = self.recovery.dump()
+        self.backend.finished_work = self.progress.finished
         self.source = CurveSource(self.config.core)
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
@@ -199,6 +200,13 @@ class Daemon:
                                        [Action(d.job_id, ActionKind.REQUEUE, nodes, (), d.reason, code)])
                 if self.backend.requeue_held(d.job_id, d.reason):
                     self.metrics.decisions.labels(code=code.value).inc()
+            for job in sorted(self.backend.finished_queued):
+                why = ("its last run ended with its final 'done' record as it was being stopped or "
+                       "preempted; the copy queued again is cancelled (running it would finish it twice)")
+                self.store.add_actions(self.clock(), self.cycle, [Action(job, ActionKind.CANCEL, (), (), why,
+                                                                        ReasonCode.FINISHED)])
+                if self.backend.cancel_finished(job, why):
+                    self.metrics.decisions.labels(code=ReasonCode.FINISHED.value).inc()
             # keep reading the ended jobs whose requeue waits out its back-off, no others
             self.backend.ended_watch &= set(self.recovery.retry_at)
             state = self.recovery.dump()

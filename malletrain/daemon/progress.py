@@ -245,6 +245,12 @@ class ProgressSource:
         self._paths: dict[str, str] = {}
         self._saved = tail.dump()
 
+    def finished(self, job: str) -> bool:
+        """Whether the job's last run, as read so far, ended with its final ``done`` record."""
+        path = self._paths.get(job)
+        st = self.tail.files.get(path) if path else None
+        return bool(st and st.done)
+
     def step_s(self, job: str) -> float:
         path = self._paths.get(job)
         st = self.tail.files.get(path) if path else None

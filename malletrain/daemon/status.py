@@ -8,12 +8,16 @@ a field is renamed or removed; new optional fields keep the version.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from malletrain.domain.errors import InputError
+from malletrain.domain.timeutil import MAX_EPOCH_S
 
 SCHEMA_VERSION = 1
 
@@ -134,12 +138,16 @@ def read_status(path: str) -> DaemonStatus:
             doc = json.load(fh)
     except FileNotFoundError:
         raise InputError("no status yet: is the daemon running with this state_dir?", path=path) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read status: {exc}", path=path) from None
+    except (OSError, ValueError, RecursionError) as exc:   # also not UTF-8, not JSON, nested too deeply
+        raise InputError(f"cannot read status: {str(exc)[:120]}", path=path) from None
     try:
-        return status_from_dict(doc)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"not a malletrain status file: {exc}", path=path) from None
+        st = status_from_dict(doc)
+        problem = _type_problem(st, DaemonStatus, "status")
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError, IndexError, RecursionError) as exc:
+        raise InputError(f"not a malletrain status file: {str(exc)[:120]}", path=path) from None
+    if problem:
+        raise InputError(f"not a malletrain status file: {problem}", path=path)
+    return st
 
 
 def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
@@ -163,3 +171,51 @@ def _build(cls: type, d: dict[str, Any]) -> Any:
     """``cls(**d)`` over the fields ``cls`` knows (a newer writer's extra fields are ignored)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _type_problem(value, hint, where: str) -> str | None:
+    """Where ``value`` (read from JSON) does not have the type ``hint`` of the status schema
+    (None when it does); every ``t`` must be a time in years 1970..9999.  A kind of hint this
+    does not know (a newer schema's) is accepted: the rendering is guarded as well."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        if value is not None and len(others) == 1:      # X | None: say what is wrong inside the X
+            return _type_problem(value, others[0], where)
+        fits = [a for a in args if _type_problem(value, a, where) is None]
+        return None if fits else f"{where} is not {' or '.join(getattr(a, '__name__', str(a)) for a in args)}"
+    if origin in (tuple, list):
+        if not isinstance(value, (tuple, list)):
+            return f"{where} is not a list"
+        return next((p for i, v in enumerate(value) if (p := _type_problem(v, args[0], f"{where}[{i}]"))), None)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"{where} is not a mapping"
+        return next((p for k, v in value.items() if (p := _type_problem(k, args[0], f"{where} key")
+                                                     or _type_problem(v, args[1], f"{where}.{k}"))), None)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, hint):
+            return f"{where} is not a {hint.__name__}"
+        try:
+            hints = typing.get_type_hints(hint)
+        except (NameError, TypeError):
+            return None
+        for f in dataclasses.fields(hint):
+            v = getattr(value, f.name)
+            if f.name == "t" and not (isinstance(v, (int, float)) and 0 <= v <= MAX_EPOCH_S):
+                return f"{where}.t is not a time"
+            problem = _type_problem(v, hints[f.name], f"{where}.{f.name}")
+            if problem:
+                return problem
+        return None
+    if hint is type(None):
+        return None if value is None else f"{where} is not null"
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(hint, type) and origin is None:
+        ok = isinstance(value, hint)
+    else:
+        return None
+    return None if ok else f"{where} is not {'a number' if hint in (int, float) else hint.__name__}"

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from malletrain.domain.errors import ConfigError, InputError, yaml_problem
 
 POLICIES = ("malletrain", "oracle", "bftrainer", "greedy", "static")
+MAX_SECONDS = 1e9     # ~31 years: a longer duration (horizon, timeout, interval) is a typo
 ALLOCATORS = ("auto", "dp", "cbc", "highs", "greedy")
 
 
@@ -41,15 +42,17 @@ class CoreConfig:
         _choice(self.allocator, ALLOCATORS, where, "allocator")
         _choice(self.static_size, ("max", "min"), where, "static_size")
         for name in ("horizon_s", "time_limit_s", "bftrainer_time_limit_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"must be > 0, got {getattr(self, name)!r}", path=where, field=name)
-        if self.min_dwell_s < 0:
-            raise ConfigError("must be >= 0", path=where, field="min_dwell_s")
+            if not 0 < getattr(self, name) <= MAX_SECONDS:
+                raise ConfigError(f"must be > 0 and <= {MAX_SECONDS:g} s, got {getattr(self, name)!r}",
+                                  path=where, field=name)
+        for name in ("min_dwell_s", "probe_timeout_s"):
+            if not 0 <= getattr(self, name) <= MAX_SECONDS:
+                raise ConfigError(f"must be >= 0 and <= {MAX_SECONDS:g} s, got {getattr(self, name)!r}",
+                                  path=where, field=name)
         if self.max_candidates < 2:
             raise ConfigError("must be >= 2", path=where, field="max_candidates")
-        for name in ("probe_timeout_s", "probes_per_owner"):
-            if getattr(self, name) < 0:
-                raise ConfigError("must be >= 0", path=where, field=name)
+        if self.probes_per_owner < 0:
+            raise ConfigError("must be >= 0", path=where, field="probes_per_owner")
         return self
 
 
@@ -131,8 +134,8 @@ class SlurmConfig:
         if not self.partition:
             raise ConfigError("must not be empty", path=where, field="partition")
         for name in ("command_timeout_s", "backoff_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError("must be > 0", path=where, field=name)
+            if not 0 < getattr(self, name) <= MAX_SECONDS:
+                raise ConfigError(f"must be > 0 and <= {MAX_SECONDS:g} s", path=where, field=name)
         for name in ("retries", "reservations_every"):
             if getattr(self, name) < 0:
                 raise ConfigError("must be >= 0", path=where, field=name)
@@ -187,6 +190,10 @@ class DaemonConfig:
                 raise ConfigError(f"{root!r} is not an absolute path", path=where, field="progress_roots")
         if self.vacate_lead_s < 0:
             raise ConfigError("must be >= 0", path=where, field="vacate_lead_s")
+        for name in ("interval_s", "start_timeout_s", "rescale_wait_s", "vacate_lead_s", "retry_backoff_s",
+                     "hang_floor_s", "node_cooldown_s", "max_rescale_pause_s"):
+            if not getattr(self, name) <= MAX_SECONDS:   # the loop sleeps and waits this long
+                raise ConfigError(f"must be <= {MAX_SECONDS:g} s", path=where, field=name)
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("must be a port number (0 = off)", path=where, field="metrics_port")
         if self.max_line_bytes < 64:
@@ -231,26 +238,33 @@ def config_from_mapping(data: Any, where: str = "config") -> Config:
 MAX_YAML_BYTES = 4 << 20
 
 
+def read_text(path: str, *, max_bytes: int, error: type[InputError] = InputError, what: str = "file",
+              regular: bool = True) -> str:
+    """A UTF-8 text file read whole; every problem (unreadable, not a regular file when
+    ``regular``, larger than ``max_bytes``, not UTF-8) raises ``error`` naming the file (and line)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if regular and not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise error(f"cannot read {what}: not a regular file", path=path)
+            raw = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror}", path=path) from None
+    if len(raw) > max_bytes:
+        raise error(f"{what} larger than {max_bytes >> 20} MiB", path=path)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error("not UTF-8 text", path=path, line=raw[:exc.start].count(b"\n") + 1) from None
+
+
 def read_yaml(path: str, *, error: type[InputError] = InputError, loader: Any = None,
               what: str = "file") -> Any:
     """A YAML file's document; every problem (unreadable, not a regular file, larger than
     ``MAX_YAML_BYTES``, not UTF-8, not YAML, nested too deeply) raises ``error`` naming the
     file and line.  ``loader`` defaults to PyYAML's SafeLoader."""
     import yaml
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise error(f"cannot read {what}: not a regular file", path=path)
-            raw = fh.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise error(f"cannot read {what}: {exc.strerror}", path=path) from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise error(f"{what} larger than {MAX_YAML_BYTES >> 20} MiB", path=path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error("not UTF-8 text", path=path, line=raw[:exc.start].count(b"\n") + 1) from None
+    text = read_text(path, max_bytes=MAX_YAML_BYTES, error=error, what=what)
     try:
         return yaml.load(text, Loader=loader or yaml.SafeLoader)  # noqa: S506 - SafeLoader or a subclass
     except yaml.YAMLError as exc:
@@ -258,6 +272,9 @@ def read_yaml(path: str, *, error: type[InputError] = InputError, loader: Any = 
         raise error(message, path=path, line=line) from None
     except RecursionError:
         raise error("nested too deeply", path=path) from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        # a scalar PyYAML's constructors cannot build: a 5000-digit integer, 2021-13-45, !!int 1.5
+        raise error(f"not valid YAML: {str(exc)[:120]}", path=path) from None
 
 
 def load_config(path: str) -> Config:

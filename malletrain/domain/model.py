@@ -54,6 +54,7 @@ class ReasonCode(enum.Enum):
     LOST = "lost"                        # requeue: ended without a final result (the safety net)
     HUNG = "hung"                        # requeue: stopped reporting progress
     GAVE_UP = "gave-up"                  # held for good: failed more than max_failures times
+    FINISHED = "finished"                # cancel: its work ended 'done' as it was being stopped or preempted
 
 
 class ActionKind(enum.Enum):
@@ -66,6 +67,7 @@ class ActionKind(enum.Enum):
     KEEP = "keep"      # same nodes as before
     WAIT = "wait"      # no nodes before, none now
     REQUEUE = "requeue"  # the daemon's safety net requeued it held (never planned by decide)
+    CANCEL = "cancel"    # queued again after its work ended 'done': the requeued copy is cancelled
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Text from users, made safe to show."""
 from __future__ import annotations
 
+import math
+
 
 def shown(text: object) -> str:
     """``text`` safe for a terminal or a log line: control characters (escape sequences,
@@ -11,3 +13,14 @@ def shown(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+def clipped(value: object, limit: int = 60) -> str:
+    """``repr(value)`` made safe (:func:`shown`) and cut to ``limit`` characters, for error
+    messages about user values: a 400-digit number or a megabyte string stays one short line."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        if abs(value) < 10**4000:       # str() refuses more than 4300 digits
+            return f"a {len(str(abs(value)))}-digit integer"
+        return f"an integer of about {math.floor(math.log10(abs(value))) + 1} digits"
+    text = shown(repr(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -22,7 +22,8 @@ import numpy as np
 
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, run_cycle
-from malletrain.domain.config import CoreConfig
+from malletrain.domain.config import MAX_SECONDS, CoreConfig
+from malletrain.domain.errors import InputError
 from malletrain.domain.model import JobSpec
 from malletrain.domain.stats import percentile
 from malletrain.replay.sim import SimCluster
@@ -109,7 +110,29 @@ class _Progress:
             self.bar.close()
 
 
+MAX_TICKS = 10**8   # decision ticks a replay may need (trace span / interval): beyond, it would not end
+
+
+def check_options(trace: NodeTrace, opts: ReplayOptions) -> None:
+    """:class:`InputError` when ``opts`` cannot give a replay that ends (the CLI checks its flags
+    first; this guards every caller)."""
+    interval = opts.interval_s
+    if not (isinstance(interval, (int, float)) and 0 < interval <= MAX_SECONDS):
+        raise InputError(f"must be > 0 and <= {MAX_SECONDS:g} s, got {interval!r}", field="interval")
+    ticks = (trace.end_s - trace.start_s) / interval
+    if not ticks <= MAX_TICKS:
+        raise InputError(f"the trace spans {trace.end_s - trace.start_s:.6g} s: deciding at least every "
+                         f"{interval:g} s would take {ticks:.3g} decisions (at most {MAX_TICKS:.0e}); "
+                         "use a larger --interval or a narrower --start/--end", path=trace.path,
+                         field="interval")
+    if not (isinstance(opts.noise, (int, float)) and 0 <= opts.noise <= 1):
+        raise InputError(f"must be in [0, 1], got {opts.noise!r}", field="noise")
+    if opts.max_jobs is not None and opts.max_jobs < 1:
+        raise InputError(f"must be >= 1, got {opts.max_jobs!r}", field="max_jobs")
+
+
 def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOptions) -> ReplayResult:
+    check_options(trace, opts)
     wall0 = time.perf_counter()
     core = opts.core
     specs, truths, works, arrivals = {}, {}, {}, []
@@ -262,8 +285,33 @@ def _result(trace, order, sim, source, opts, decision_ms, reused, notes, timelin
     return ReplayResult(summary, timeline, progress, jobs)
 
 
+def check_out_dir(out_dir: str) -> None:
+    """:class:`InputError` when ``out_dir`` obviously cannot be written (checked before a long
+    replay: an existing non-directory, or a parent that is a file or not writable)."""
+    path = os.path.abspath(out_dir)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError("cannot write outputs: exists and is not a directory", path=out_dir)
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InputError(f"cannot write outputs: {parent} is not a directory", path=out_dir)
+    for d in (parent, path) if os.path.isdir(path) else (parent,):
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise InputError(f"cannot write outputs: {d} is not writable", path=out_dir)
+
+
 def write_outputs(result: ReplayResult, out_dir: str, plots: bool = True) -> None:
-    """Write everything to a temp dir beside ``out_dir``, then move it in."""
+    """Write everything to a temp dir beside ``out_dir``, then move it in.  A failure leaves
+    ``out_dir`` as it was and raises :class:`InputError` naming it."""
+    check_out_dir(out_dir)
+    try:
+        _write_outputs(result, out_dir, plots)
+    except OSError as exc:
+        raise InputError(f"cannot write outputs: {exc.strerror or exc}", path=out_dir) from None
+
+
+def _write_outputs(result: ReplayResult, out_dir: str, plots: bool) -> None:
     parent = os.path.dirname(os.path.abspath(out_dir)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".replay-", dir=parent)

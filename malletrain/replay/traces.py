@@ -8,19 +8,28 @@ Malformed input raises :class:`InputError` naming the file, line and field.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import math
+import os
 import re
-from dataclasses import dataclass
+import stat
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import hostlist
 import numpy as np
 
 from malletrain.domain.errors import InputError
+from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import parse_time
 
 FORMATS = ("auto", "events", "swf", "sacct")
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_NODES = 1_000_000        # a trace (or one SWF job) needing more nodes is refused, not allocated
+MAX_SWF_SECONDS = 1e12       # SWF times and durations beyond this (~31,700 years) are typos
 
 
 @dataclass
@@ -33,6 +42,7 @@ class NodeTrace:
     node_idx: np.ndarray       # int32
     busy: np.ndarray           # bool: new state is busy
     skipped_jobs: int = 0      # SWF/sacct jobs without usable times or nodes
+    path: str | None = None    # the file it came from (for error messages)
 
     @property
     def n_events(self) -> int:
@@ -41,25 +51,55 @@ class NodeTrace:
 
 def _open_text(path: str) -> io.TextIOBase:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):   # a FIFO or /dev/zero would never end
+            raise InputError("cannot read trace: not a regular file", path=path)
         with open(path, "rb") as fh:
             magic = fh.read(2)
-        if magic == b"\x1f\x8b":
+        if magic == GZIP_MAGIC:
             return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
         return open(path, encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror}", path=path) from exc
 
 
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[io.TextIOBase]:
+    """The trace opened as text; bytes that are not UTF-8 and corrupt or truncated gzip data
+    met while reading raise :class:`InputError` naming the file (and the line)."""
+    fh = _open_text(path)
+    gz = isinstance(getattr(fh, "buffer", None), gzip.GzipFile)
+    try:
+        with fh:
+            yield fh
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", path=path, line=_first_undecodable_line(path)) from None
+    except (EOFError, OSError, zlib.error) as exc:   # BadGzipFile is an OSError
+        what = "corrupt or truncated gzip data" if gz else "read error"
+        raise InputError(f"{what} ({exc})", path=path) from None
+
+
+def _first_undecodable_line(path: str) -> int | None:
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == GZIP_MAGIC
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
+            for lineno, line in enumerate(fh, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return lineno
+    except (EOFError, OSError, zlib.error):
+        pass
+    return None
+
+
 def detect_format(path: str) -> str:
-    with _open_text(path) as fh:
-        try:
-            first = ""
-            for line in fh:
-                if line.strip():
-                    first = line.strip()
-                    break
-        except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, OSError) as exc:
-            raise InputError(f"unreadable trace ({exc})", path=path) from exc
+    first = ""
+    with _reading(path) as fh:
+        for line in fh:
+            if line.strip():
+                first = line.strip()
+                break
     if first.replace(" ", "").lower().startswith("time,node,state"):
         return "events"
     if first.startswith("JobID|"):
@@ -82,7 +122,7 @@ def load_trace(path: str, fmt: str = "auto", *, procs_per_node: int = 1,
         trace = _load_swf(path, procs_per_node, nodes)
     else:
         trace = _load_sacct(path)
-    return restrict(trace, nodes=nodes, start=start, end=end, path=path)
+    return replace(restrict(trace, nodes=nodes, start=start, end=end, path=path), path=path)
 
 
 def restrict(trace: NodeTrace, *, nodes: int | None = None, start: float | None = None,
@@ -120,7 +160,7 @@ def _load_events(path: str) -> NodeTrace:
     t0 = None
     last = -math.inf
     time_cache: dict[str, float] = {}
-    with _open_text(path) as fh:
+    with _reading(path) as fh:
         header = fh.readline().strip().replace(" ", "").lower()
         if header != "time,node,state":
             raise InputError(f"header must be 'time,node,state', got {header!r}", path=path, line=1)
@@ -137,7 +177,7 @@ def _load_events(path: str) -> NodeTrace:
                 try:
                     t = parse_time(ts)
                 except ValueError:
-                    raise InputError(f"unparseable time {ts!r}", path=path, line=lineno,
+                    raise InputError(f"unparseable time {clipped(ts)}", path=path, line=lineno,
                                      field="time") from None
                 time_cache[ts] = t
             if t < last:
@@ -182,7 +222,7 @@ def _load_swf(path: str, ppn: int, nodes_opt: int | None) -> NodeTrace:
     starts, ends, sizes = [], [], []
     header_nodes = None
     skipped = 0
-    with _open_text(path) as fh:
+    with _reading(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             s = line.strip()
             if not s:
@@ -190,33 +230,56 @@ def _load_swf(path: str, ppn: int, nodes_opt: int | None) -> NodeTrace:
             if s.startswith(";"):
                 m = re.match(r";\s*Max(Nodes|Procs)\s*:\s*(\d+)", s)
                 if m:
-                    n = int(m.group(2))
-                    header_nodes = n if m.group(1) == "Nodes" else header_nodes or -(-n // ppn)
+                    key, digits = f"Max{m.group(1)}", m.group(2)
+                    n = int(digits) if len(digits) <= 15 else MAX_NODES * ppn + 1
+                    need = n if key == "MaxNodes" else -(-n // ppn)
+                    if need > MAX_NODES:
+                        raise InputError(f"{clipped(digits)} is more than {MAX_NODES} nodes",
+                                         path=path, line=lineno, field=key)
+                    header_nodes = need if key == "MaxNodes" else header_nodes or need
                 continue
             f = s.split()
             if len(f) != 18:
                 raise InputError(f"SWF lines have 18 fields, this one has {len(f)}", path=path, line=lineno)
             try:
                 submit, wait, run = float(f[1]), float(f[2]), float(f[3])
-                procs = int(float(f[4]))
-                if procs <= 0:
-                    procs = int(float(f[7]))
+                procs = _swf_procs(f[4], path, lineno)
+                if procs <= 0:                    # allocated unknown: the requested processors
+                    procs = _swf_procs(f[7], path, lineno)
             except ValueError:
                 raise InputError("non-numeric field", path=path, line=lineno) from None
+            for key, v, text in (("submit time", submit, f[1]), ("wait time", wait, f[2]),
+                                 ("run time", run, f[3])):
+                if not abs(v) <= MAX_SWF_SECONDS:      # also NaN and ±inf
+                    raise InputError(f"expected seconds within ±{MAX_SWF_SECONDS:g}, got {clipped(text)}",
+                                     path=path, line=lineno, field=key)
             if submit < 0 or wait < 0 or run <= 0 or procs <= 0:
                 skipped += 1
                 continue
+            size = -(-procs // ppn)
+            if size > MAX_NODES:
+                raise InputError(f"{procs} processors need {size} nodes, more than {MAX_NODES}",
+                                 path=path, line=lineno, field="processors")
             starts.append(submit + wait)
             ends.append(submit + wait + run)
-            sizes.append(-(-procs // ppn))
+            sizes.append(size)
     if not starts:
         raise InputError("no usable jobs (need submit, wait, run time and processors)", path=path)
     return _assign_first_fit(np.array(starts), np.array(ends), np.array(sizes),
-                             header_nodes, skipped, prefix="n")
+                             header_nodes, skipped, prefix="n", path=path)
+
+
+def _swf_procs(text: str, path: str, lineno: int) -> int:
+    """An SWF processor count (ValueError when not a number; InputError when not finite)."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise InputError(f"expected a processor count, got {clipped(text)}", path=path, line=lineno,
+                         field="processors")
+    return int(v)
 
 
 def _assign_first_fit(starts, ends, sizes, cluster: int | None, skipped: int,
-                      prefix: str) -> NodeTrace:
+                      prefix: str, path: str = "trace") -> NodeTrace:
     """Give each job concrete nodes, lowest free index first, in time order."""
     order_ev = np.concatenate([ends, starts])
     kind = np.concatenate([np.zeros(len(ends), dtype=np.int8), np.ones(len(starts), dtype=np.int8)])
@@ -225,6 +288,8 @@ def _assign_first_fit(starts, ends, sizes, cluster: int | None, skipped: int,
     deltas = np.where(kind[o] == 1, sizes[job[o]], -sizes[job[o]])
     peak = int(np.max(np.cumsum(deltas)))
     n = max(cluster or 0, peak)
+    if n > MAX_NODES:
+        raise InputError(f"the jobs hold {n} nodes at once, more than {MAX_NODES}", path=path)
     free = np.ones(n, dtype=bool)
     held: dict[int, np.ndarray] = {}
     t_out, i_out, b_out = [], [], []
@@ -259,7 +324,7 @@ SACCT_FIELDS = ("JobID", "Start", "End", "NodeList", "State")
 def _load_sacct(path: str) -> NodeTrace:
     intervals: list[tuple[float, float, list[str]]] = []
     skipped = 0
-    with _open_text(path) as fh:
+    with _reading(path) as fh:
         header = fh.readline().strip().split("|")
         missing = [k for k in SACCT_FIELDS if k not in header]
         if missing:
@@ -285,7 +350,7 @@ def _load_sacct(path: str) -> NodeTrace:
                 try:
                     t_max = max(t_max, parse_time(v))
                 except ValueError:
-                    raise InputError(f"unparseable time {v!r}", path=path, line=lineno,
+                    raise InputError(f"unparseable time {clipped(v)}", path=path, line=lineno,
                                      field=key) from None
     for lineno, f in rows:
         s, e, nl = f[col["Start"]].strip(), f[col["End"]].strip(), f[col["NodeList"]].strip()

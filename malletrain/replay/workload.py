@@ -18,7 +18,6 @@ above the largest).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +26,14 @@ import yaml
 from malletrain.domain.config import read_yaml
 from malletrain.domain.errors import InputError
 from malletrain.domain.model import interpolate
+from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import parse_time
 
 JOB_KEYS = ("name", "submit", "min_nodes", "max_nodes", "work", "rescale_up_s",
             "rescale_down_s", "profile", "throughput")
 REQUIRED = ("name", "submit", "min_nodes", "max_nodes", "work", "throughput")
+MAX_VALUE = 1e15          # work, seconds and samples/s beyond this are typos (and overflow floats)
+MAX_NODES = 1_000_000     # node counts, as for traces
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,12 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
         return InputError(msg, path=path, line=kl.get(key, line), field=key)
 
     def number(key: str, default: float | None = None, integer: bool = False, minimum: float = 0.0,
-               strict: bool = False):
+               strict: bool = False, maximum: float = MAX_VALUE):
         v = entry.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise err(key, f"expected a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise err(key, f"expected a number, got {clipped(v)}")
+        if not abs(v) <= maximum:       # NaN, ±inf and integers too large for a float
+            raise err(key, f"expected a finite number <= {maximum:g}, got {clipped(v)}")
         if integer and not float(v).is_integer():
             raise err(key, f"expected an integer, got {v!r}")
         if v < minimum or (strict and v == minimum):
@@ -133,11 +137,11 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
         try:
             submit, absolute = parse_time(submit_raw), True
         except ValueError as exc:
-            raise err("submit", f"not ISO-8601 or seconds: {submit_raw!r}") from exc
+            raise err("submit", f"not ISO-8601 or seconds: {clipped(submit_raw)}") from exc
     else:
         submit, absolute = number("submit"), False
-    min_nodes = number("min_nodes", integer=True, minimum=1)
-    max_nodes = number("max_nodes", integer=True, minimum=1)
+    min_nodes = number("min_nodes", integer=True, minimum=1, maximum=MAX_NODES)
+    max_nodes = number("max_nodes", integer=True, minimum=1, maximum=MAX_NODES)
     if min_nodes > max_nodes:
         raise err("min_nodes", f"min_nodes={min_nodes} > max_nodes={max_nodes}")
     work = number("work", strict=True)
@@ -149,10 +153,11 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
         raise err("throughput", "expected a non-empty mapping {node_count: samples_per_s}")
     pts = []
     for k, v in thr.items():
-        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-            raise err("throughput", f"node count {k!r} is not a positive integer")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise err("throughput", f"throughput at {k} nodes must be a positive number, got {v!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= MAX_NODES:
+            raise err("throughput", f"node count {clipped(k)} is not a positive integer <= {MAX_NODES}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_VALUE:
+            raise err("throughput", f"throughput at {k} nodes must be a positive number <= {MAX_VALUE:g}, "
+                                    f"got {clipped(v)}")
         pts.append((k, float(v)))
     pts.sort()
     return WorkloadJob(name.strip(), submit, absolute, min_nodes, max_nodes, work,
