@@ -21,7 +21,7 @@ run quality-philly   malletrain bench quality --trace "$RES/philly/philly-1day.c
     --workload "$RES/philly/workload-pollux.yaml" --max-jobs 10
 python - "$DATA" "$RES/theta-workload.yaml" <<'PY'
 import sys
-from malletrain.datasets import make_workload, write_workload
+from devtools.datasets import make_workload, write_workload
 write_workload(make_workload(sys.argv[1], 30, 36 * 3600, seed=11, work_node_hours=(5, 40)), sys.argv[2])
 PY
 run quality-theta    malletrain bench quality --trace "$DATA/traces/theta_2022.swf" \

@@ -138,6 +138,7 @@ def run(jobs: list[int], *, directory: str, port: int, repeat: int, keep: bool) 
     os.makedirs(metrics_dir, exist_ok=True)
     rows, nxt = [], 0
     from malletrain.slurm.parse import SQUEUE_FORMAT
+    version = _version(cluster)
     try:
         cluster.run("scancel", "--quiet", "-u", "root")
         time.sleep(2)
@@ -154,7 +155,7 @@ def run(jobs: list[int], *, directory: str, port: int, repeat: int, keep: bool) 
             cluster.run("scancel", "--quiet", "-u", "root")
             cluster.script("down")
             shutil.rmtree(directory, ignore_errors=True)
-    lines = ["queue read on a real slurmctld (Slurm " + _version(cluster) + "), median of "
+    lines = ["queue read on a real slurmctld (Slurm " + version + "), median of "
              f"{repeat}; 10% of the jobs tagged malleable in scavenger",
              f"{'jobs':>7} | {'text (daemon)':>20} | {'text + %j|%k':>20} | {'squeue --json':>20} | "
              f"{'json/text':>9} | {'adoption':>18} | {'steady observe()':>18}"]

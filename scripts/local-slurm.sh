@@ -4,7 +4,7 @@
 # fake GPUs, a `batch` partition and a preemptible `scavenger` partition
 # (partition-priority preemption, REQUEUE, GraceTime, whole-node allocation).
 #
-#   scripts/local-slurm.sh up [--nodes N] [--grace S] [--dir DIR]   start (idempotent)
+#   scripts/local-slurm.sh up [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]   start (idempotent)
 #   scripts/local-slurm.sh status [--dir DIR]                        show daemons and nodes
 #   scripts/local-slurm.sh down [--dir DIR]                          stop everything it started
 #   scripts/local-slurm.sh stop-ctld | start-ctld [--dir DIR]        outage drills (tests)
@@ -17,18 +17,20 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CMD="${1:-}"; shift || true
-NODES=4; GRACE=10; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"
+NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --nodes) NODES="$2"; shift 2 ;;
         --grace) GRACE="$2"; shift 2 ;;
+        --max-jobs) MAXJOBS="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
         -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "local-slurm: unknown option $1 (valid: --nodes N, --grace S, --dir DIR)" >&2; exit 2 ;;
+        *) echo "local-slurm: unknown option $1 (valid: --nodes N, --grace S, --max-jobs N, --dir DIR)" >&2; exit 2 ;;
     esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || { echo "local-slurm: --nodes must be a positive integer" >&2; exit 2; }
 [[ "$GRACE" =~ ^[0-9]+$ ]] || { echo "local-slurm: --grace must be whole seconds" >&2; exit 2; }
+[[ "$MAXJOBS" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "local-slurm: --max-jobs must be a positive integer (< 10^7)" >&2; exit 2; }
 CONF="$DIR/etc/slurm.conf"
 CTLD_PORT="${LOCAL_SLURM_PORT:-6817}"
 NODE_PORT0=$((CTLD_PORT + 4))
@@ -92,6 +94,7 @@ ReturnToService=2
 MpiDefault=none
 KillWait=$((GRACE > 5 ? GRACE : 5))
 MinJobAge=600
+MaxJobCount=$MAXJOBS
 SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
@@ -107,7 +110,7 @@ EOF
     cat > "$DIR/etc/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
 EOF
-    echo "$NODES $GRACE" > "$DIR/shape"
+    echo "$NODES $GRACE $MAXJOBS" > "$DIR/shape"
 }
 
 ctld_up() { alive "$DIR/run/slurmctld.pid" && SLURM_CONF="$CONF" timeout 10 scontrol ping 2>/dev/null | grep -q UP; }
@@ -185,8 +188,8 @@ case "$CMD" in
     up)
         install_packages
         mkdir -p "$DIR"
-        if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$NODES $GRACE" ]; then
-            log "shape changed ($(cat "$DIR/shape") -> $NODES $GRACE): restarting from a clean state"
+        if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$NODES $GRACE $MAXJOBS" ]; then
+            log "shape changed ($(cat "$DIR/shape") -> $NODES $GRACE $MAXJOBS): restarting from a clean state"
             down; rm -rf "$DIR/state" "$DIR/spool"
         fi
         if ! ctld_up; then
@@ -204,5 +207,5 @@ case "$CMD" in
     status) status ;;
     stop-ctld) stop_ctld ;;
     start-ctld) start_ctld ;;
-    *) echo "usage: $0 up|down|status|stop-ctld|start-ctld [--nodes N] [--grace S] [--dir DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|status|stop-ctld|start-ctld [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]" >&2; exit 2 ;;
 esac

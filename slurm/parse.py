@@ -178,11 +178,15 @@ _JOB_ID = re.compile(r"\d{1,12}(?:_(?:\d{1,12}|\[[\d,\-%]{1,200}\]))?(?:\+\d{1,6
 _WORD = re.compile(r"[A-Z_]{1,40}")
 _PARTS = re.compile(r"[A-Za-z0-9_.,\-]{1,400}")
 _NODES = re.compile(r"[A-Za-z0-9_.,\-\[\]()]{0,100000}")
-_REASON = re.compile(r"[ -~]{0,200}")
+_REASON = re.compile(r"[ -{}~]{0,200}")          # printable ASCII but '|'
 _NUM = re.compile(r"\d{1,12}|N/A|\(null\)|None|Unknown|")
 _USER = re.compile(r"[A-Za-z0-9_.@\-$]{1,64}|\(null\)|\d{1,10}")
 _FIELDS = (_JOB_ID, _PARTS, _WORD, _REASON, re.compile(r"\d{1,9}"), _NODES, _NUM, _NODES, _NUM,
            _USER, re.compile(r"\d{1,10}"))
+
+
+# one pattern for the whole line (no field can hold '|'): one match per job
+_LINE = re.compile(r"\|".join(rf"[ \t]*({rx.pattern})[ \t]*" for rx in _FIELDS))
 
 
 def parse_squeue(text: str) -> list[JobRecord]:
@@ -191,10 +195,10 @@ def parse_squeue(text: str) -> list[JobRecord]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        parts = line.split("|")
-        if len(parts) != len(_FIELDS) or not all(rx.fullmatch(v.strip()) for rx, v in zip(_FIELDS, parts)):
+        m = _LINE.fullmatch(line)
+        if m is None:
             raise BackendError(f"unexpected squeue line (want {len(_FIELDS)} Slurm fields): {line[:200]!r}")
-        jid, part, state, reason, count, nodes, start, sched, submit, user, uid = (v.strip() for v in parts)
+        jid, part, state, reason, count, nodes, start, sched, submit, user, uid = m.groups()
         out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
                              expand(sched), _epoch(submit), _null(user), int(uid)))
     return out
