@@ -90,6 +90,7 @@ class Events:
     refused_writes: int = 0     # a job no longer matched its record right before a write
     recoveries: int = 0         # lost or hung jobs requeued by the safety net
     tag_reads: int = 0
+    unparsed_lines: int = 0     # squeue lines not in the expected format (left out)
 
 
 class SlurmBackend:
@@ -107,6 +108,7 @@ class SlurmBackend:
         self.tag_records: dict[str, TagRecord] = {}  # comment read alone, per job in the partition
         self.uids: dict[str, int] = {}
         self.idle_nodes = 0
+        self.partition_nodes = 0
         self.vacating: set[str] = set()             # nodes due to primary jobs soon
         self._reservations: list[Reservation] = []
         self.windows: dict[str, float] = {}
@@ -115,6 +117,7 @@ class SlurmBackend:
         self.excluded: Mapping[str, object] = {}    # nodes left out of harvesting (the daemon's safety net)
         self.given_up: Mapping[str, str] = {}       # jobs held for good: never started again
         self.ended_watch: set[str] = set()          # ended tagged jobs still read (the safety net's)
+        self._ended_backlog: set[str] = set()       # jobs that left the queue, not yet read (too many at once)
         # whether a job's work already ended 'done' (its progress file, read by the daemon): such a
         # job queued again (stopped or preempted as it finished) is never started again
         self.finished_work: Callable[[str], bool] = lambda job: False
@@ -154,6 +157,7 @@ class SlurmBackend:
         self.windows = windows
         node_info = {n.name: n for n in nodes}
         self.idle_nodes = sum(1 for n in nodes if n.harvestable)
+        self.partition_nodes = len(nodes)
         pool_names = {n.name for n in nodes if n.harvestable} - soon
 
         pool_names -= set(self.excluded)
@@ -211,7 +215,7 @@ class SlurmBackend:
 
     # ------------------------------------------------------------ tags (user text)
     def _candidate(self, r: JobRecord) -> bool:
-        return r.partition == self.slurm.partition and r.job_id.isdigit() and r.uid is not None
+        return r.partition == self.slurm.partition and r.plain and r.job_id.isdigit() and r.uid is not None
 
     def _read_tags(self, jobs: Sequence[JobRecord]) -> None:
         """Read the comment of jobs new in the harvest partition, alone and bounded per cycle."""
@@ -295,7 +299,18 @@ class SlurmBackend:
         return True
 
     def _jobs(self) -> list[JobRecord]:
-        return parse_squeue(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+        return self._parse(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+
+    def _parse(self, text: str) -> list[JobRecord]:
+        """The queue read's records; a line that is not Slurm's fields (a format this
+        version prints differently) is left out, counted and logged: never a reason to stop."""
+        bad: list[str] = []
+        out = parse_squeue(text, bad)
+        if bad:
+            self.events.unparsed_lines += len(bad)
+            log.warning("%d squeue line(s) not in the expected format were left out, e.g. %r",
+                        len(bad), bad[0])
+        return out
 
     def _ended(self, jobs: Sequence[JobRecord]) -> list[JobRecord]:
         """Tagged jobs that left the queue read (which lists pending, running and completing
@@ -304,16 +319,19 @@ class SlurmBackend:
         requeues them.  Jobs whose requeue waits out a back-off stay watched (``ended_watch``,
         kept by the daemon); a steady cycle with nothing ended reads nothing more."""
         listed = {r.job_id for r in jobs}
-        gone = sorted((set(self.records) | self.ended_watch | set(self.books)) - listed, key=_job_order)
+        gone = sorted((set(self.records) | self.ended_watch | self._ended_backlog | set(self.books)) - listed,
+                      key=_job_order)
+        self._ended_backlog = set()
         if not gone:
             self.ended_watch = set()
             return []
-        if len(gone) > MAX_ENDED_READ:
-            log.warning("%d tagged jobs left the queue at once; reading %d of them now", len(gone),
-                        MAX_ENDED_READ)
+        if len(gone) > MAX_ENDED_READ:      # the rest next cycle: kept, never forgotten unread
+            log.warning("%d tagged jobs left the queue at once; reading %d of them now, the rest next cycle",
+                        len(gone), MAX_ENDED_READ)
+            self._ended_backlog = set(gone[MAX_ENDED_READ:])
             gone = gone[:MAX_ENDED_READ]
-        out = parse_squeue(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-j", ",".join(gone),
-                                             "-o", SQUEUE_FORMAT]))
+        out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-j", ",".join(gone),
+                                            "-o", SQUEUE_FORMAT]))
         ended = [r for r in out if r.phase is Phase.FINISHED and r.job_id in gone]
         self.ended_watch = {r.job_id for r in ended}
         for job in set(gone) - self.ended_watch - {r.job_id for r in out}:
@@ -330,7 +348,7 @@ class SlurmBackend:
         book = self.books.get(r.job_id, Book())
         spec = JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
                        tag.rescale_down_s, self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
-                       owner=r.user)
+                       owner=str(r.uid) if r.uid is not None else r.user)
         phase = r.phase
         nodes: tuple[str, ...] = ()
         if phase is Phase.RUNNING:

@@ -100,6 +100,7 @@ class JobRecord:
     name: str = ""               # user text: only from JSON or the job's tag, never split
     comment: str = ""
     restarts: int = 0
+    plain: bool = True           # not an array or heterogeneous job (only plain jobs are adopted)
 
     @property
     def phase(self) -> Phase:
@@ -166,7 +167,7 @@ def _null(text: str) -> str:
 
 # ---------------------------------------------------------------- text formats
 
-SQUEUE_FORMAT = "%i|%P|%T|%r|%D|%N|%S|%Y|%V|%u|%U"   # Slurm-written fields only
+SQUEUE_FORMAT = "%A|%i|%P|%T|%r|%D|%N|%S|%Y|%V|%u|%U"   # Slurm-written fields only
 TAG_FORMAT = "%i|%U|%P|%k"                        # one job; the comment last, read whole
 SINFO_FORMAT = "%N|%T|%G|%f"
 
@@ -174,33 +175,45 @@ _NODE_SUFFIX = "*~#!%$@^-"
 
 # What each Slurm-written field may look like; a line that does not match is
 # not a record (no user can produce one: none of these fields holds user text).
-_JOB_ID = re.compile(r"\d{1,12}(?:_(?:\d{1,12}|\[[\d,\-%]{1,200}\]))?(?:\+\d{1,6})?")
+# ``%A`` is the plain numeric job id; ``%i`` shows arrays and heterogeneous jobs
+# (``12_3``, ``12_[1-25:2]``, ``12+1``) and is cut to 31 characters for long pending
+# arrays, so it is matched loosely and only tells whether the job is a plain one.
+_ID = re.compile(r"\d{1,12}")
+_SHOWN_ID = re.compile(r"[0-9_\[\]\-,:%+]{1,64}")
 _WORD = re.compile(r"[A-Z_]{1,40}")
 _PARTS = re.compile(r"[A-Za-z0-9_.,\-]{1,400}")
 _NODES = re.compile(r"[A-Za-z0-9_.,\-\[\]()]{0,100000}")
-_REASON = re.compile(r"[ -{}~]{0,200}")          # printable ASCII but '|'
+_REASON = re.compile(r"[ -{}~]{0,4096}")          # printable ASCII but '|' (reasons list down nodes)
 _NUM = re.compile(r"\d{1,12}|N/A|\(null\)|None|Unknown|")
 _USER = re.compile(r"[A-Za-z0-9_.@\-$]{1,64}|\(null\)|\d{1,10}")
-_FIELDS = (_JOB_ID, _PARTS, _WORD, _REASON, re.compile(r"\d{1,9}"), _NODES, _NUM, _NODES, _NUM,
+_FIELDS = (_ID, _SHOWN_ID, _PARTS, _WORD, _REASON, re.compile(r"\d{1,9}"), _NODES, _NUM, _NODES, _NUM,
            _USER, re.compile(r"\d{1,10}"))
-
-
 # one pattern for the whole line (no field can hold '|'): one match per job
 _LINE = re.compile(r"\|".join(rf"[ \t]*({rx.pattern})[ \t]*" for rx in _FIELDS))
 
 
-def parse_squeue(text: str) -> list[JobRecord]:
-    """:data:`SQUEUE_FORMAT` lines → records; any line that is not exactly one record is an error."""
+def parse_squeue(text: str, bad: list[str] | None = None) -> list[JobRecord]:
+    """:data:`SQUEUE_FORMAT` lines → records.  A line that is not exactly one record is an
+    error, or, when ``bad`` is given, left out and appended there (the daemon counts and logs
+    it: one odd line must not stop the service for every job)."""
     out = []
     for line in text.splitlines():
         if not line.strip():
             continue
         m = _LINE.fullmatch(line)
         if m is None:
-            raise BackendError(f"unexpected squeue line (want {len(_FIELDS)} Slurm fields): {line[:200]!r}")
-        jid, part, state, reason, count, nodes, start, sched, submit, user, uid = m.groups()
-        out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
-                             expand(sched), _epoch(submit), _null(user), int(uid)))
+            if bad is None:
+                raise BackendError(f"unexpected squeue line (want {len(_FIELDS)} Slurm fields): {line[:200]!r}")
+            bad.append(line[:200])
+            continue
+        jid, shown, part, state, reason, count, nodes, start, sched, submit, user, uid = m.groups()
+        try:
+            out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
+                                 expand(sched), _epoch(submit), _null(user), int(uid), plain=shown == jid))
+        except BackendError:
+            if bad is None:
+                raise
+            bad.append(line[:200])
     return out
 
 

@@ -58,7 +58,7 @@ class FakeSlurm:
             out = "".join(f"{j}|{r['state']}|{r['reason']}\n" for j, r in listed.items())
         elif cmd == "squeue":
             out = "".join(
-                f"{j}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
+                f"{j}|{r.get('shown', j)}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
                 f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
                 f"100|u|{r.get('uid', 1000)}\n" for j, r in listed.items())
         elif cmd == "sinfo":

@@ -211,3 +211,17 @@ def test_a_probe_in_its_rescale_pause_counts_against_its_owner():
     p = decide(snap(4, jobs), curves, CoreConfig(probes_per_owner=2))
     assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"a"}
     assert not p.allocations.get("m2")
+
+
+def test_owners_holding_fewer_nodes_probe_first_and_long_pauses_do_not_stretch_probes():
+    from malletrain.core.curves import CurveSource
+    big = _owned("m-big", "mallory", held=["n0", "n1", "n2"], changed=0.0)
+    jobs = [big, _owned("m-new", "mallory"), _owned("a-new", "alice")]
+    curves = {"m-big": Curve({1: CurvePoint(5, 5, 5)}, None, "fit"), "m-new": Curve({}, 1, "no-data"),
+              "a-new": Curve({}, 1, "no-data")}
+    p = decide(snap(4, jobs), curves, CoreConfig(min_dwell_s=1e6))     # m-big stays (dwell)
+    assert [a.job_id for a in p.actions if a.code.value == "probe"] == ["a-new"]
+    # a tag's 10,000 s rescale pause counts for at most one more probe_timeout_s
+    src = CurveSource(CoreConfig(probe_timeout_s=100))
+    s = Snapshot(250.0, (Node("n0"),), (_owned("m", "mallory", held=("n0",), changed=0.0, paused=10_000.0),))
+    assert src.curves(s)["m"].probe is None

@@ -161,3 +161,59 @@ def test_one_jobs_broken_file_does_not_stop_the_others(shared_dir, monkeypatch):
     got = src.poll(obs)
     assert {s.job_id for s in got} == {"1"} and tail.counters.by_job["2"] == 1
     assert tail.counters.by_job["3"] == 1        # owner unknown: not read at all
+
+
+def _final_line(job, reason="done"):
+    return json.dumps(dict(t=200.0, job=job, event="exit", reason=reason, restart=0)) + "\n"
+
+
+def test_a_final_record_counts_only_for_its_own_job_and_file(shared_dir):
+    """A copied or renamed file ending 'done' (another job's, an old one) never marks this job
+    finished; replacing the file forgets what the old one said."""
+    p = os.path.join(shared_dir, "7.jsonl")
+    tail = ProgressTail(roots=("/tmp",))
+    write(p, good_lines() + _final_line("6"))            # someone else's final record
+    tail.poll("7", p, uid=ME)
+    assert not tail.files[p].done
+    write(p + ".new", good_lines() + _final_line("7"))
+    os.replace(p + ".new", p)
+    tail.poll("7", p, uid=ME)
+    assert tail.files[p].done
+    write(p + ".new", good_lines())                       # replaced again: no final record now
+    os.replace(p + ".new", p)
+    tail.poll("7", p, uid=ME)
+    assert not tail.files[p].done
+
+
+def test_reading_is_bounded_per_cycle_running_jobs_first_the_rest_take_turns(shared_dir):
+    line = rec(100.0, 1.0)
+    paths = {}
+    for j in ("1", "2", "3", "4"):
+        paths[j] = os.path.join(shared_dir, f"{j}.jsonl")
+        write(paths[j], good_lines() + line * 5000)      # ~0.4 MB each
+    size = os.path.getsize(paths["1"])
+    src = ProgressSource(ProgressTail(roots=("/tmp",), max_records=100_000), max_bytes_per_cycle=size + 10)
+    facts = {"1": JobFacts("p", "u", paths["1"], uid=ME, state="PENDING"),
+             "2": JobFacts("p", "u", paths["2"], uid=ME, state="PENDING"),
+             "3": JobFacts("p", "u", paths["3"], uid=ME, state="RUNNING"),
+             "4": JobFacts("p", "u", paths["4"], uid=ME, state="PENDING")}
+    obs = Observation(Snapshot(0.0, (), ()), (), facts)
+    read = []
+    for _ in range(4):
+        src.poll(obs)
+        read.append({j for j in facts if paths[j] in src.tail.files and src.tail.files[paths[j]].offset > 0})
+    assert read[0] == {"3"}                                # the running job first
+    assert read[-1] == {"1", "2", "3", "4"}                # the others took turns
+
+
+def test_an_ended_job_is_judged_only_once_its_file_is_read_to_the_end(shared_dir):
+    p = os.path.join(shared_dir, "7.jsonl")
+    write(p, good_lines() + rec(150.0, 1.0) * 20000 + _final_line("7"))
+    src = ProgressSource(ProgressTail(roots=("/tmp",), max_records=100_000), max_bytes_per_cycle=200_000)
+    ended = Observation(Snapshot(0.0, (), ()), (), {}, None, {"7": JobFacts("p", "u", p, uid=ME, state="FAILED")})
+    cycles = 0
+    while "7" not in src.final:
+        src.poll(ended)
+        cycles += 1
+        assert cycles < 50
+    assert cycles > 1 and src.final["7"] is True           # never judged from a partial read

@@ -67,6 +67,16 @@ def test_nodes_where_jobs_keep_failing_rest_and_come_back():
     assert r.excluded == {}
 
 
+def test_at_most_a_share_of_the_partition_rests():
+    """Strikes come from jobs any user controls: one user's failing whole-partition jobs
+    may rest at most max_excluded_share of the nodes."""
+    r = Recovery(CFG)
+    nodes = tuple(f"n{i}" for i in range(8))
+    for t in range(3):
+        r.step(t, {f"j{t}": Ended("FAILED", False, nodes)}, {}, {f"j{t}"}, pool_size=8)
+    assert len(r.excluded) == 2 and r.not_excluded >= 6      # 25% of 8
+
+
 def test_state_survives_a_restart():
     r = Recovery(CFG)
     r.step(0, {"7": Ended("FAILED", False, ("n1",))}, {}, {"7"})
@@ -111,7 +121,8 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
         clock["t"] += 2
         d.cycle_once()
         assert {j: fake.jobs[j]["state"] for j in ("7", "8")} == {"7": "RUNNING", "8": "RUNNING"}
-        (metrics / "8.jsonl").write_text('{"t": 1, "event": "start"}\n{"t": 2, "event": "exit", "reason": "done"}\n')
+        (metrics / "8.jsonl").write_text('{"t": 1, "event": "start", "job": "8"}\n'
+                                         '{"t": 2, "event": "exit", "reason": "done", "job": "8"}\n')
         fake.jobs["7"].update(state="FAILED", nodes=())            # crashed: no final record
         fake.jobs["8"].update(state="COMPLETED", nodes=())          # finished: its "done" record
         fake.calls.clear()
@@ -157,13 +168,13 @@ def test_a_job_queued_again_after_its_work_ended_done_is_cancelled_not_run_twice
         d.cycle_once()
         fake.run_pending()
         assert fake.jobs["9"]["state"] == "RUNNING"
-        (metrics / "9.jsonl").write_text('{"t": 1, "event": "start"}\n')
+        (metrics / "9.jsonl").write_text('{"t": 1, "event": "start", "job": "9"}\n')
         clock["t"] += 2
         d.cycle_once()
         # requeued (as by a stop or a preemption) just as it wrote its final record
         fake._scontrol(["requeuehold", "9"])
         with open(metrics / "9.jsonl", "a") as fh:
-            fh.write('{"t": 3, "event": "exit", "reason": "done"}\n')
+            fh.write('{"t": 3, "event": "exit", "reason": "done", "job": "9"}\n')
         fake.calls.clear()
         for _ in range(3):
             clock["t"] += 2

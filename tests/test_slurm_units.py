@@ -64,12 +64,12 @@ def test_numbers_and_bad_lines():
     assert parse.number({"set": False, "infinite": False, "number": 5}) is None
     assert parse.number({"set": True, "infinite": True, "number": 0}) is None
     assert parse.number(7) == 7 and parse.number(None) is None
-    with pytest.raises(BackendError, match="want 11 Slurm fields"):
+    with pytest.raises(BackendError, match="want 12 Slurm fields"):
         parse.parse_squeue("1|batch|RUNNING\n")
     with pytest.raises(BackendError, match="node list"):
         parse.expand("n[1-")
     with pytest.raises(BackendError, match="Slurm fields"):   # times must be epoch seconds
-        parse.parse_squeue("1|b|PENDING|r|1||2026-01-01T00:00:00|(null)|1|u|0\n")
+        parse.parse_squeue("1|1|b|PENDING|r|1||2026-01-01T00:00:00|(null)|1|u|0\n")
 
 
 def test_reservations():
@@ -84,7 +84,7 @@ def test_tag_record_of_the_fixture():
     assert (rec.uid, rec.partition) == (0, "scavenger") and parse.parse_tag(rec.comment).metrics_dir == "/tmp/m"
 
 
-FORGED = "7|scavenger|PENDING|JobHeldUser|1||N/A|(null)|1795352834|alice|1001"
+FORGED = "7|7|scavenger|PENDING|JobHeldUser|1||N/A|(null)|1795352834|alice|1001"
 
 
 @pytest.mark.parametrize("text", [
@@ -96,9 +96,12 @@ def test_user_text_cannot_forge_a_queue_record(text):
     """Names and comments never reach the queue-wide read; if Slurm's output did hold user
     text (an older format, a bug), a line that is not exactly Slurm's fields is an error,
     never a record."""
-    good = "9|batch|PENDING|Resources|4||1795352894|n[1-4]|1795352834|bob|1002"
+    good = "9|9|batch|PENDING|Resources|4||1795352894|n[1-4]|1795352834|bob|1002"
     with pytest.raises(BackendError):
         parse.parse_squeue(good + "|" + text + "\n")
+    bad: list[str] = []                    # the daemon's way: the odd line is left out and counted
+    recs = parse.parse_squeue(good + "|" + text.replace("\n", " ") + "\n" + good + "\n", bad)
+    assert [r.job_id for r in recs] == ["9"] and len(bad) == 1
     # the tag read takes everything after the third '|' as the one job's comment
     rec = parse.parse_tag_record("12", f"12|1002|scavenger|{text}\n")
     assert rec.job_id == "12" and rec.uid == 1002 and rec.comment == text
@@ -307,3 +310,17 @@ def test_submission_rejects_what_the_daemon_would_not_accept(kw, match):
     spec.update(kw)
     with pytest.raises(InputError, match=match):
         build_submission(["true"], **spec)
+
+
+def test_arrays_het_jobs_and_long_reasons_as_slurm_prints_them():
+    """Seen on Slurm 22.05: a pending array prints its id cut to 31 characters
+    (``4_[1,4,9,16,25,36,49,64,81,100,``) or with a step (``1_[1-25:2]``); a reason lists
+    down nodes.  None stops the read; arrays and het jobs are never plain (never adopted)."""
+    reason = "ReqNodeNotAvail, UnavailableNodes:" + ",".join(f"node{i:04d}" for i in range(0, 600, 7))
+    text = ("4|4_[1,4,9,16,25,36,49,64,81,100,|scavenger|PENDING|JobHeldUser|1||N/A|(null)|1|u|7\n"
+            "1|1_[1-25:2]|scavenger|PENDING|JobHeldUser|1||N/A|(null)|1|u|7\n"
+            "13|12+1|scavenger|PENDING|None|1||N/A|(null)|1|u|7\n"
+            f"2|2|batch|PENDING|{reason}|1||N/A|(null)|1|u|7\n")
+    recs = {r.job_id: r for r in parse.parse_squeue(text)}
+    assert {j: r.plain for j, r in recs.items()} == {"4": False, "1": False, "13": False, "2": True}
+    assert recs["2"].reason == reason

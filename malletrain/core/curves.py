@@ -8,8 +8,9 @@ Curves are cached per job and rebuilt only when the job's data changed.
 Probes that yield nothing (malletrain policy).  A job whose curve asks for a
 probe is run at that count first and kept there while the JPA measures.  A job
 that sits at its probe count for ``probe_timeout_s`` (counted from the end of
-its rescale pause) without a measurement there — it never reports, its
-progress file is refused, it hangs in start-up — gets no probe for a back-off
+its rescale pause, a pause counting for at most one more ``probe_timeout_s``)
+without a measurement there — it never reports, its progress file is refused,
+it hangs in start-up — gets no probe for a back-off
 that doubles with each miss (``probe_timeout_s`` × 2^(misses-1), at most 16×):
 its curve then has ``probe=None`` and ``source="probe-timeout"``, so it is
 neither pinned nor preferred, and competes with what it has measured (nothing
@@ -86,7 +87,10 @@ class CurveSource:
             self._probes[job.job_id] = w
             return self._without_probe(job.job_id, curve)
         if job.nodes and job.size == curve.probe:
-            since = max(job.last_change_s if job.last_change_s is not None else now_s, job.paused_until_s)
+            # from the launch, plus its rescale pause but at most one more timeout: a tag's long
+            # pause cannot stretch a probe that never answers
+            start = job.last_change_s if job.last_change_s is not None else now_s
+            since = start + min(max(0.0, job.paused_until_s - start), timeout)
             if now_s - since >= timeout:
                 misses = w.misses + 1
                 backoff = timeout * min(MAX_PROBE_BACKOFF, 2 ** (misses - 1))

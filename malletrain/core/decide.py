@@ -103,7 +103,10 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
                           and (c := curves.get(j.job_id)) is not None and c.probe == j.size)
         limit = config.probes_per_owner
         granted: set[str] = set()
-        for j in _round_robin(free_jobs):
+        held = Counter({o: 0 for o in map(_owner, jobs)})
+        for j in jobs:
+            held[_owner(j)] += j.size
+        for j in _round_robin(free_jobs, held):
             c = curves.get(j.job_id)
             p = c.probe if c is not None else None
             if c is None or p is None:
@@ -164,12 +167,14 @@ def _owner(job: JobState) -> str:
     return job.spec.owner or "\0" + job.job_id
 
 
-def _round_robin(jobs: Sequence[JobState]) -> list[JobState]:
-    """Jobs interleaved over owners (each owner's in FIFO order): probes are granted
-    this way, so one user's many jobs cannot keep another user's first job waiting."""
+def _round_robin(jobs: Sequence[JobState], held: Counter) -> list[JobState]:
+    """Jobs interleaved over owners (each owner's in FIFO order), owners holding fewer nodes
+    first: probes are granted this way, so one user's many jobs cannot keep another user's
+    first job waiting."""
     queues: dict[str, list[JobState]] = {}
     for j in jobs:
         queues.setdefault(_owner(j), []).append(j)
+    queues = dict(sorted(queues.items(), key=lambda kv: held[kv[0]]))    # stable: FIFO among equals
     out: list[JobState] = []
     depth = 0
     while len(out) < len(jobs):

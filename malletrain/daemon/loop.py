@@ -33,7 +33,7 @@ from malletrain.daemon.store import Store
 from malletrain.domain.config import Config, load_config
 from malletrain.domain.errors import BackendError, ConfigError, PlanError, StateError
 from malletrain.domain.model import Action, ActionKind, Plan, ReasonCode
-from malletrain.slurm.adapter import SlurmBackend
+from malletrain.slurm.adapter import Book, SlurmBackend
 from malletrain.slurm.parse import Phase
 from malletrain.slurm.runner import Runner
 
@@ -52,7 +52,8 @@ def check_config(cfg: Config, where: str) -> Config:
 def _recovery_config(dc) -> RecoveryConfig:
     return RecoveryConfig(max_failures=dc.max_failures, retry_backoff_s=dc.retry_backoff_s,
                           hang_floor_s=dc.hang_floor_s, hang_factor=dc.hang_factor,
-                          node_strikes=dc.node_strikes, node_cooldown_s=dc.node_cooldown_s)
+                          node_strikes=dc.node_strikes, node_cooldown_s=dc.node_cooldown_s,
+                          max_excluded_share=dc.max_excluded_share)
 
 
 def make_runner(cfg: Config) -> Runner:
@@ -98,10 +99,10 @@ class Daemon:
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes, max_records=dc.max_records_per_job,
                                  max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots)
         self.tail.load(self.store.get("tails", {}))
-        self.progress = ProgressSource(self.tail, self.store)
+        self.progress = ProgressSource(self.tail, self.store, max_bytes_per_cycle=dc.max_progress_bytes_per_cycle)
         books = self.store.books()
         self.backend = SlurmBackend(self.runner, self.config.slurm, dc, clock=clock,
-                                    save_book=self.store.save_book, books=books)
+                                    save_book=self._save_book, books=books)
         self.journal = _Journal(self.backend, self.store, clock)
         self.recovery = Recovery(_recovery_config(dc))
         try:
@@ -187,12 +188,16 @@ class Daemon:
         if obs is None or self.journal.read_only:
             return
         now = obs.snapshot.now_s
-        ended = {j: Ended(f.state, self.progress.final.get(j), f.nodes) for j, f in obs.ended.items()}
+        # an ended job whose file is not read to its end yet waits (its verdict needs the last record)
+        unread = {j for j in obs.ended if j not in self.progress.final}
+        ended = {j: Ended(f.state, self.progress.final.get(j), f.nodes) for j, f in obs.ended.items()
+                 if j not in unread}
         running = {j: Running(tuple(r.nodes), self.progress.last_progress.get(j), self.progress.step_s(j))
                    for j, r in self.backend.records.items()
                    if r.phase is Phase.RUNNING and j not in self.recovery.given_up}
         try:
-            for d in self.recovery.step(now, ended, running, self.backend.present):
+            held_back = self.recovery.not_excluded
+            for d in self.recovery.step(now, ended, running, self.backend.present, self.backend.partition_nodes):
                 code = (ReasonCode.GAVE_UP if d.kind == GIVE_UP else
                         ReasonCode.HUNG if d.reason.startswith("hung") else ReasonCode.LOST)
                 nodes = obs.facts[d.job_id].nodes if d.job_id in obs.facts else ()
@@ -200,6 +205,10 @@ class Daemon:
                                        [Action(d.job_id, ActionKind.REQUEUE, nodes, (), d.reason, code)])
                 if self.backend.requeue_held(d.job_id, d.reason):
                     self.metrics.decisions.labels(code=code.value).inc()
+            if self.recovery.not_excluded > held_back:
+                log.warning("%d node(s) reached node_strikes but stay in harvesting: max_excluded_share "
+                            "(%g) of the partition already rests", self.recovery.not_excluded - held_back,
+                            self.recovery.config.max_excluded_share)
             for job in sorted(self.backend.finished_queued):
                 why = ("its last run ended with its final 'done' record as it was being stopped or "
                        "preempted; the copy queued again is cancelled (running it would finish it twice)")
@@ -208,13 +217,24 @@ class Daemon:
                 if self.backend.cancel_finished(job, why):
                     self.metrics.decisions.labels(code=ReasonCode.FINISHED.value).inc()
             # keep reading the ended jobs whose requeue waits out its back-off, no others
-            self.backend.ended_watch &= set(self.recovery.retry_at)
+            self.backend.ended_watch &= set(self.recovery.retry_at) | unread
             state = self.recovery.dump()
             if state != self._recovery_saved:
                 self.store.put("recovery", state)
                 self._recovery_saved = state
         except BackendError as exc:
             log.warning("safety net: Slurm unreachable, retrying next cycle: %s", exc)
+        except StateError as exc:      # no write-ahead record: stop acting, keep cycling
+            self._state_failed(exc)
+
+    def _save_book(self, job: str, book: Book | None) -> None:
+        """The backend's book of a job, written ahead; while the store is read-only nothing is
+        applied, so a failing bookkeeping write of the observation is not an error of its own."""
+        try:
+            self.store.save_book(job, book)
+        except StateError:
+            if not self.journal.read_only:
+                raise
 
     def _state_failed(self, exc: StateError) -> None:
         self.metrics.cycle_errors.labels(kind="state").inc()

@@ -14,8 +14,11 @@ run (same ``restart`` and ``nodes``).
 
 Everything in the file comes from the job's owner (SECURITY.md): the file is
 opened as its owner could (:mod:`malletrain.daemon.files`); at most
-``max_read_bytes`` and ``max_records`` records are read per job per cycle (the
-rest waits for the next); a record's numbers must be finite and in range
+``max_read_bytes`` and ``max_records`` records are read per job per cycle, and
+``max_bytes_per_cycle`` over all jobs, running jobs first, the others taking
+turns (the rest waits for the next cycle); an ``exit`` record is the job's final
+result only when it names the job (``"job"``) and the file was not replaced
+since; a record's numbers must be finite and in range
 (``nodes`` at most the job's ``max_nodes``, a rate at most
 ``max_samples_per_s``); malformed, oversized, nested-too-deep and
 out-of-range records are skipped and counted for that job, never raised.
@@ -40,6 +43,13 @@ log = logging.getLogger("malletrain.progress")
 EVENTS = ("start", "progress", "checkpoint", "exit")
 
 
+class _Unread:
+    """An ended job's file not read to its end yet (this cycle's budget ran out)."""
+
+
+_UNREAD = _Unread()
+
+
 @dataclass
 class TailState:
     offset: int = 0
@@ -48,6 +58,7 @@ class TailState:
     done: bool = False           # the last run ended with a final ``done`` record
     step_s: float = 0.0          # the last progress record's step time
     records: int = 0             # valid records read (this daemon's lifetime)
+    eof: bool = False            # the last poll read to the end of the file
 
 
 @dataclass
@@ -88,6 +99,7 @@ class ProgressTail:
         self.max_records = max_records
         self.max_samples_per_s = max_samples_per_s
         self.roots = tuple(roots)
+        self.budget: int | None = None         # bytes left to read this cycle (None: no limit)
         self.files: dict[str, TailState] = {}
         self.counters = TailCounters()
         self._refused: dict[str, str] = {}     # path -> last reason logged
@@ -100,7 +112,9 @@ class ProgressTail:
         (:func:`open_as_owner`); without, it must still be a regular file reached
         without following a symlink (for callers that own the file themselves).
         """
-        st = self.files.setdefault(path, TailState())
+        if self.budget is not None and self.budget <= 0:
+            return []                 # this cycle's reading is spent: the rest waits
+        st = self.files.get(path) or TailState()
         try:
             fd = (open_as_owner(path, uid, self.roots) if uid is not None else
                   os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
@@ -108,10 +122,14 @@ class ProgressTail:
                 info = os.fstat(fh.fileno())
                 if not stat.S_ISREG(info.st_mode):
                     raise Refused("not a regular file")
-                if info.st_ino != st.inode or info.st_size < st.offset:   # new or truncated file
-                    st.offset, st.inode, st.last = 0, info.st_ino, None
+                if info.st_ino != st.inode or info.st_size < st.offset:   # new, replaced or truncated
+                    st.offset, st.inode, st.last, st.done, st.step_s = 0, info.st_ino, None, False, 0.0
+                want = self.max_read_bytes if self.budget is None else min(self.max_read_bytes, self.budget)
                 fh.seek(st.offset)
-                chunk = fh.read(self.max_read_bytes)
+                chunk = fh.read(want)
+                if self.budget is not None:
+                    self.budget -= len(chunk)
+                st.eof = st.offset + len(chunk) >= info.st_size
         except FileNotFoundError:
             return []
         except Refused as exc:
@@ -121,6 +139,7 @@ class ProgressTail:
             self._refuse(job_id, path, exc.strerror or str(exc))
             return []
         self._refused.pop(path, None)
+        self.files[path] = st           # only files that were opened are remembered
         end = chunk.rfind(b"\n")
         if end < 0:
             if len(chunk) > self.max_line_bytes:   # one endless line: skip it
@@ -129,9 +148,10 @@ class ProgressTail:
             return []
         out = []
         pos = 0
-        for n, raw in enumerate(chunk[:end].split(b"\n")):
-            if n >= self.max_records:     # the rest waits for the next cycle
-                break
+        lines = chunk[:end].split(b"\n", self.max_records)     # the rest waits for the next cycle
+        if len(lines) > self.max_records:
+            st.eof = False
+        for raw in lines[:self.max_records]:
             pos += len(raw) + 1
             self.counters.lines += 1
             if len(raw) > self.max_line_bytes:
@@ -144,8 +164,8 @@ class ProgressTail:
             st.records += 1
             if rec["event"] == "start":
                 st.done = False
-            elif rec["event"] == "exit":
-                st.done = rec["reason"] == "done"
+            elif rec["event"] == "exit":     # final only when it names this job (not a stale file's)
+                st.done = rec["reason"] == "done" and rec["job"] == job_id
             elif rec["event"] == "progress" and rec["step_s"] is not None:
                 st.step_s = rec["step_s"]
             sample = self._sample(job_id, st, rec)
@@ -188,7 +208,9 @@ class ProgressTail:
         if t is None or samples is None or nodes is None or restart is None:
             return None
         step_s = _number(rec.get("step_s"), 0.0, MAX_STEP_S)
-        return {"event": rec.get("event", "progress"), "t": float(t), "samples": float(samples),
+        job = rec.get("job")
+        return {"event": rec.get("event", "progress"), "job": job if isinstance(job, str) else None,
+                "t": float(t), "samples": float(samples),
                 "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason"),
                 "step_s": None if step_s is None else float(step_s)}
 
@@ -236,9 +258,12 @@ class ProgressSource:
     (the store), so a restart neither re-reads nor loses anything.
     """
 
-    def __init__(self, tail: ProgressTail, journal: SampleJournal | None = None) -> None:
+    def __init__(self, tail: ProgressTail, journal: SampleJournal | None = None, *,
+                 max_bytes_per_cycle: int | None = None) -> None:
         self.tail = tail
         self.journal = journal
+        self.max_bytes_per_cycle = max_bytes_per_cycle
+        self._turn = 0                               # where this cycle's reading of idle jobs starts
         self.latest: dict[str, Sample] = {}
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
@@ -261,15 +286,27 @@ class ProgressSource:
         for job in observation.finished:
             self._drop(job)
         out: list[Sample] = []
+        self.tail.budget = self.max_bytes_per_cycle
         for job, facts in observation.ended.items():    # the last records of a job that ended
             if job not in self.final:
-                self.final[job] = self._final(job, facts, out)
+                done = self._final(job, facts, out)
+                if not isinstance(done, _Unread):        # read to its end next cycle otherwise
+                    self.final[job] = done
         for job in [j for j in self.final if j not in observation.ended]:
             del self.final[job]
-        for job, facts in observation.facts.items():
+        # running jobs first (their samples feed the JPA), then the others, taking turns
+        live = sorted(observation.facts.items(), key=lambda kv: kv[1].state not in ("RUNNING", "CONFIGURING"))
+        running = [kv for kv in live if kv[1].state in ("RUNNING", "CONFIGURING")]
+        idle = live[len(running):]
+        if idle:
+            self._turn %= len(idle)
+            idle = idle[self._turn:] + idle[:self._turn]
+            self._turn += 1
+        for job, facts in running + idle:
             got = self._read(job, facts, out)
             if got:
                 self.last_progress[job] = now
+        self.tail.budget = None
         for s in out:
             self.latest[s.job_id] = s
         self._persist(out)
@@ -295,14 +332,19 @@ class ProgressSource:
         st = self.tail.files.get(facts.progress_path)
         return (st.records if st else 0) - before
 
-    def _final(self, job: str, facts: JobFacts, out: list[Sample]) -> bool | None:
-        """Read an ended job's file to its end (bounded): True when its last run ended ``done``."""
+    def _final(self, job: str, facts: JobFacts, out: list[Sample]) -> bool | None | _Unread:
+        """Read an ended job's file to its end (at most 64 reads): True when its last run ended
+        ``done``; :data:`_UNREAD` when this cycle's read budget ran out first (go on next cycle)."""
         if not facts.progress_path or facts.uid is None:
             self._drop(job)
             return None
         for _ in range(64):
-            if not self._read(job, facts, out):
+            self._read(job, facts, out)
+            st = self.tail.files.get(facts.progress_path)
+            if st is None or st.eof or not os.path.lexists(facts.progress_path):
                 break
+            if self.tail.budget is not None and self.tail.budget <= 0:
+                return _UNREAD
         st = self.tail.files.get(facts.progress_path)
         done = bool(st and st.done)
         self._drop(job)

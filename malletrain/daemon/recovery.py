@@ -24,7 +24,9 @@ reports nothing for ``max(hang_floor_s, hang_factor x its step time)`` is
 hung: requeued held (it counts as a failure).  Every failure or hang is a
 strike against the nodes the job ran on; a node with ``node_strikes`` strikes
 within ``node_cooldown_s`` is left out of harvesting for ``node_cooldown_s``
-(the daemon never drains nodes: Slurm still runs primary jobs there).
+(the daemon never drains nodes: Slurm still runs primary jobs there), as long
+as at most ``max_excluded_share`` of the partition rests at once: strikes come
+from jobs any user controls, so one user's failing jobs cannot empty the pool.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class RecoveryConfig:
     hang_factor: float = 10.0
     node_strikes: int = 3
     node_cooldown_s: float = 1800.0
+    max_excluded_share: float = 0.25   # at most this share of the partition rests at once
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,14 @@ class Recovery:
     since: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     strikes: dict[str, list[float]] = field(default_factory=dict)
     excluded: dict[str, tuple[float, str]] = field(default_factory=dict)   # node -> (until, why)
+    not_excluded: int = 0       # nodes with enough strikes kept in harvesting: the share was reached
+    pool_size: int = 0          # nodes in the partition (this cycle)
 
     def step(self, now: float, ended: Mapping[str, Ended], running: Mapping[str, Running],
-             present: Iterable[str]) -> list[Decision]:
-        """This cycle's requeues; updates the excluded nodes."""
+             present: Iterable[str], pool_size: int = 0) -> list[Decision]:
+        """This cycle's requeues; updates the excluded nodes (``pool_size``: the partition's
+        node count, which bounds how many may rest at once)."""
+        self.pool_size = pool_size
         present = set(present)
         for table in (self.failures, self.retry_at, self.pending_reason, self.given_up, self.since):
             for job in [j for j in table if j not in present]:
@@ -157,9 +164,17 @@ class Recovery:
             hits = [t for t in self.strikes.get(node, []) if now - t < window] + [now]
             self.strikes[node] = hits[-self.config.node_strikes:]
             if len(hits) >= self.config.node_strikes and node not in self.excluded:
+                if len(self.excluded) >= self._max_excluded():
+                    self.not_excluded += 1      # one user's failing jobs cannot empty the partition
+                    continue
                 self.excluded[node] = (now + window, f"{len(hits)} malleable-job failures or hangs "
                                                      f"within {window:.0f}s, last: {why}")
                 self.strikes[node] = []
+
+    def _max_excluded(self) -> int:
+        if self.pool_size <= 0:
+            return 1 << 30
+        return max(1, int(self.config.max_excluded_share * self.pool_size))
 
     # persistence (the daemon's store keeps it)
     def dump(self) -> dict[str, Any]:

@@ -162,6 +162,7 @@ class DaemonConfig:
     max_rescale_pause_s: float = 3600.0  # a tag's --rescale-up/--rescale-down is clamped to this
     max_samples_per_s: float = 1e9   # a progress rate above this is not physical: the record is skipped
     max_records_per_job: int = 1000  # progress records read per job per cycle (the rest wait)
+    max_progress_bytes_per_cycle: int = 64 << 20   # progress bytes read per cycle over all jobs
     max_tag_reads: int = 50          # new jobs whose tag is read per cycle (fair across users)
     samples_kept: int = 2000         # JPA samples kept per job (oldest age out)
     # --- the safety net (nothing lost) and fault tolerance ---
@@ -171,6 +172,7 @@ class DaemonConfig:
     hang_factor: float = 10.0
     node_strikes: int = 3            # failures/hangs on a node within node_cooldown_s that rest it ...
     node_cooldown_s: float = 1800.0  # ... for this long (left out of harvesting, never drained)
+    max_excluded_share: float = 0.25  # at most this share of the partition rests at once
 
     def validate(self, where: str = "config") -> DaemonConfig:
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s"):
@@ -178,7 +180,8 @@ class DaemonConfig:
                 raise ConfigError("must be > 0", path=where, field=name)
         if not self.interval_s >= 0.1:
             raise ConfigError("must be >= 0.1 s", path=where, field="interval_s")
-        for name in ("max_samples_per_s", "max_records_per_job", "max_tag_reads", "samples_kept",
+        for name in ("max_samples_per_s", "max_records_per_job", "max_progress_bytes_per_cycle", "max_tag_reads",
+                     "samples_kept",
                      "hang_floor_s", "hang_factor", "node_strikes", "node_cooldown_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError("must be > 0", path=where, field=name)
@@ -194,6 +197,8 @@ class DaemonConfig:
                      "hang_floor_s", "node_cooldown_s", "max_rescale_pause_s"):
             if not getattr(self, name) <= MAX_SECONDS:   # the loop sleeps and waits this long
                 raise ConfigError(f"must be <= {MAX_SECONDS:g} s", path=where, field=name)
+        if not 0 <= self.max_excluded_share <= 1:
+            raise ConfigError("must be in [0, 1]", path=where, field="max_excluded_share")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("must be a port number (0 = off)", path=where, field="metrics_port")
         if self.max_line_bytes < 64:
