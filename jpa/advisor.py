@@ -24,6 +24,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from malletrain.domain.model import Curve, CurvePoint, Sample
 from malletrain.jpa.scaling import ScalingFit, anchored, band, fit_scaling
@@ -77,6 +78,8 @@ class Advisor:
         self._pooled: dict[str, dict[int, float]] = {}   # profile -> normalised medians
         self._members: dict[str, list[str]] = defaultdict(list)
         self._profile_epoch: dict[str, int] = defaultdict(int)  # bumps with full members
+        # what a finished job leaves behind: its measured medians, if they shape its profile
+        self._retired: dict[str, dict[str, dict[int, float]]] = {}
         self.rejected = 0
 
     # -- input -----------------------------------------------------------
@@ -109,6 +112,50 @@ class Advisor:
 
     def _full_members(self, profile: str) -> list[str]:
         return sorted(j for j in self._members.get(profile, ()) if len(self.measured(j)) >= 3)
+
+    # -- forgetting ------------------------------------------------------
+    MAX_RETIRED_PER_PROFILE = 32
+    MAX_RETIRED_PROFILES = 4096
+
+    def forget(self, job_id: str) -> None:
+        """Drop everything about a finished job.  What the advisor still needs of it — its
+        measured medians, when it has the 3 counts that shape its profile — is kept as a
+        retired member of the profile (the newest ``MAX_RETIRED_PER_PROFILE`` per profile,
+        ``MAX_RETIRED_PROFILES`` profiles), so the profile's prior is the same as before."""
+        prof = self._profile.get(job_id, "")
+        measured = self.measured(job_id) if job_id in self._values else {}
+        if prof and len(measured) >= 3:
+            kept = self._retired.pop(prof, {})        # re-inserted: the newest profile last
+            kept[job_id] = dict(measured)
+            while len(kept) > self.MAX_RETIRED_PER_PROFILE:
+                del kept[next(iter(kept))]
+                self._profile_epoch[prof] += 1
+            self._retired[prof] = kept
+            while len(self._retired) > self.MAX_RETIRED_PROFILES:
+                old = next(iter(self._retired))
+                del self._retired[old]
+                self._profile_epoch[old] += 1
+        if prof and job_id in self._members.get(prof, []):
+            self._members[prof].remove(job_id)
+            if not self._members[prof]:
+                del self._members[prof]
+                if prof not in self._retired:       # nothing left of the profile
+                    self._shapes.pop(prof, None)
+                    self._pooled.pop(prof, None)
+                    self._profile_epoch.pop(prof, None)
+        per_job: tuple[dict[str, Any], ...] = (self._values, self._run, self._profile, self._epoch,
+                                                self._since_epoch, self._kept, self._measured, self._fits)
+        for table in per_job:
+            table.pop(job_id, None)
+
+    def retired(self) -> dict[str, dict[str, dict[int, float]]]:
+        """The retired members per profile (for the daemon to persist)."""
+        return {p: {j: dict(m) for j, m in js.items()} for p, js in self._retired.items()}
+
+    def load_retired(self, data: dict) -> None:
+        for prof, jobs in data.items():
+            self._retired[str(prof)] = {str(j): {int(n): float(x) for n, x in m.items()} for j, m in jobs.items()}
+            self._profile_epoch[str(prof)] += 1
 
     def add(self, sample: Sample) -> bool:
         """Record one sample; returns False (and counts it) when rejected."""
@@ -184,7 +231,8 @@ class Advisor:
         hit = self._shapes.get(profile)
         if hit is not None and hit[0] == key:
             return hit[1]
-        full = [(j, self.measured(j)) for j in self._full_members(profile)]
+        full = sorted([(j, self.measured(j)) for j in self._full_members(profile)]
+                      + list(self._retired.get(profile, {}).items()))
         shape, pooled = None, {}
         if full:
             ref = max(full, key=lambda jm: (len(jm[1]), jm[0]))

@@ -248,6 +248,13 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
             "nul-metrics": _mallory_job(mallory, comment=good.encode().replace("metrics=", "metrics=%00")),
             "escape-name": _mallory_job(mallory, comment=good.encode() + " name=%1b%5b2J%1b%5d0%3bpwn%07"),
         }
+        # job arrays whose ids squeue cuts to 31 characters or prints with a step: no line may stop the read
+        for part in ("scavenger", "batch"):
+            for spec in ("1,4,9,16,25,36,49,64,81,100,121,144,169,196", "1-25:2"):
+                script = mallory.write(f"j/array-{part}.sh", "#!/bin/bash\nsleep 600\n", 0o755)
+                attacks[f"array-{part}-{spec[:6]}"] = mallory.sbatch(
+                    "-p", part, "--hold", "-N", "1", "-o", "/dev/null", f"--array={spec}",
+                    f"--comment={alice_tag}", script)
         # Mallory's own job carrying a copy of Alice's tag (token, metrics dir): hers to run, nothing more
         copied = _mallory_job(mallory, name="copy", comment=alice_tag)
         # Mallory's writers must run for their records to be written: the daemon probes them
@@ -272,6 +279,7 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
     log = d.lines()
     assert sum("started: interval" in x.get("msg", "") for x in log) == 1, "the daemon restarted"
     assert not [x for x in log if x.get("level") in ("critical", "error") or "Traceback" in x.get("msg", "")]
+    assert not [x for x in log if "not in the expected format" in x.get("msg", "")]   # arrays parse
     assert ran == {"garbage", "inflate", "poison"}, f"only {ran} got nodes: the attack was not tried"
 
     # ------------------------------------------------ Alice kept her service

@@ -188,3 +188,28 @@ def test_advisor_survives_any_bounded_input():
     for x, n in ((5e-324, 2), (float("nan"), 2), (1e300, 2), (10.0, 10**7), (10.0, 0), (10.0, True)):
         assert not bad.add(Sample("j", n, x, 1.0))
     assert bad.rejected == 6
+
+
+def test_a_finished_job_is_forgotten_but_its_profile_prior_stays():
+    from malletrain.domain.model import Sample
+    a = Advisor(warmup_samples=0)
+    for t, n in enumerate([1, 1, 2, 2, 4, 4]):
+        a.register("done", "alice/resnet")
+        a.add(Sample("done", n, 100.0 * n ** 0.8, float(t)))
+    before = a.curve("new", 1, 8, [1, 2, 4, 8], "alice/resnet")
+    assert before.source == "profile-prior"
+    a.forget("done")
+    assert "done" not in a._values and "done" not in a._profile
+    after = a.curve("new2", 1, 8, [1, 2, 4, 8], "alice/resnet")
+    assert after.source == "profile-prior"
+    assert {n: p.mean for n, p in after.points.items()} == {n: p.mean for n, p in before.points.items()}
+    b = Advisor()
+    b.load_retired(a.retired())                        # the daemon's restart
+    again = b.curve("new3", 1, 8, [1, 2, 4, 8], "alice/resnet")
+    assert {n: p.mean for n, p in again.points.items()} == {n: p.mean for n, p in before.points.items()}
+    for i in range(Advisor.MAX_RETIRED_PER_PROFILE + 5):   # bounded
+        for t, n in enumerate([1, 1, 2, 2, 4, 4]):
+            a.register(f"j{i}", "alice/resnet")
+            a.add(Sample(f"j{i}", n, 100.0 * n ** 0.8, float(t)))
+        a.forget(f"j{i}")
+    assert len(a.retired()["alice/resnet"]) == Advisor.MAX_RETIRED_PER_PROFILE

@@ -188,3 +188,33 @@ def test_a_job_queued_again_after_its_work_ended_done_is_cancelled_not_run_twice
         assert st.job("9") is None or st.job("9").reason_code == "finished", st.job("9")
     finally:
         d.store.close()
+
+
+def test_many_jobs_leaving_at_once_are_all_read_over_several_cycles(tmp_path, monkeypatch):
+    """More tagged jobs left the queue than one read takes: the rest wait, never forgotten."""
+    import malletrain.slurm.adapter as adapter
+    monkeypatch.setattr(adapter, "MAX_ENDED_READ", 1)
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    os.chmod(tmp_path, 0o755)
+    from malletrain.slurm.parse import Tag
+    fake = FakeSlurm()
+    for j in ("11", "12", "13"):      # three owners: each gets its probe at once
+        held_job(fake, j, Tag(f"t{j}", 1, 1, "p", 0, 0, str(metrics)).encode(), uid=5000 + int(j))
+    fake.nodes = {f"n{i}": "idle" for i in range(1, 4)}
+    d, clock = _daemon(tmp_path, fake)
+    try:
+        for _ in range(3):
+            d.cycle_once()
+            fake.run_pending()
+            clock["t"] += 2
+        assert all(fake.jobs[j]["state"] == "RUNNING" for j in ("11", "12", "13"))
+        for j in ("11", "12", "13"):
+            fake.jobs[j].update(state="FAILED", nodes=())
+        fake.nodes = {n: "idle" for n in fake.nodes}
+        for _ in range(6):
+            clock["t"] += 2
+            d.cycle_once()
+        assert sorted(c[2] for c in fake.calls if c[:2] == ["scontrol", "requeuehold"]) == ["11", "12", "13"]
+    finally:
+        d.store.close()

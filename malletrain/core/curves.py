@@ -56,6 +56,7 @@ class CurveSource:
             self.advisor.register(job, prof)
         self.advisor.add_many(samples)
         for job in finished:
+            self.advisor.forget(job)
             self._cache.pop(job, None)
             self._probes.pop(job, None)
             self._quiet.pop(job, None)

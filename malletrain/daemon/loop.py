@@ -114,6 +114,11 @@ class Daemon:
         self._recovery_saved = self.recovery.dump()
         self.backend.finished_work = self.progress.finished
         self.source = CurveSource(self.config.core)
+        try:
+            self.source.advisor.load_retired(self.store.get("retired", {}))
+        except (TypeError, ValueError, AttributeError) as exc:
+            log.warning("stored profile summaries unreadable, starting them afresh: %s", exc)
+        self._retired_saved = self.source.advisor.retired()
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
         self.memo = CycleMemo()
@@ -170,6 +175,7 @@ class Daemon:
                 log.info("Slurm is back after %.0fs", self.clock() - self.slurm_down_since)
                 self.slurm_down_since = None
             self._safety_net()
+            self._forget_finished()
             self.plan = result.plan
             for a in result.plan.actions:
                 self.reasons[a.job_id] = a
@@ -225,6 +231,21 @@ class Daemon:
         except BackendError as exc:
             log.warning("safety net: Slurm unreachable, retrying next cycle: %s", exc)
         except StateError as exc:      # no write-ahead record: stop acting, keep cycling
+            self._state_failed(exc)
+
+    def _forget_finished(self) -> None:
+        """Jobs that left: their samples leave the store; what the advisor keeps of them (the
+        profile summaries) is stored instead."""
+        obs = self.journal.last
+        if obs is None or self.journal.read_only or not obs.finished:
+            return
+        try:
+            self.store.forget_samples(obs.finished)
+            retired = self.source.advisor.retired()
+            if retired != self._retired_saved:
+                self.store.put("retired", retired)
+                self._retired_saved = retired
+        except StateError as exc:
             self._state_failed(exc)
 
     def _save_book(self, job: str, book: Book | None) -> None:

@@ -105,6 +105,11 @@ class Store:
                                     "WHERE job=? ORDER BY t DESC LIMIT -1 OFFSET ?)", (job, self.samples_kept))
 
     @_guarded
+    def forget_samples(self, jobs: Iterable[str]) -> None:
+        with self.db:
+            self.db.executemany("DELETE FROM samples WHERE job=?", [(j,) for j in jobs])
+
+    @_guarded
     def samples(self) -> list[Sample]:
         return [Sample(j, n, r, t) for j, n, r, t in
                 self.db.execute("SELECT job, nodes, rate, t FROM samples ORDER BY job, t")]
