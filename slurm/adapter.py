@@ -39,6 +39,7 @@ from malletrain.core.backend import JobFacts, Observation
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
 from malletrain.slurm.parse import (
+    MAX_TAG_BYTES,
     SINFO_FORMAT,
     SQUEUE_FORMAT,
     TAG_FORMAT,
@@ -246,8 +247,8 @@ class SlurmBackend:
         rec = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
         if rec is None:
             self.tag_records.pop(job, None)
-        else:
-            self.tag_records[job] = rec
+        else:   # a comment longer than any tag is not one: keep no more of it than shows that
+            self.tag_records[job] = replace(rec, comment=rec.comment[:MAX_TAG_BYTES + 1])
         return rec
 
     def _tag_of(self, r: JobRecord) -> Tag | None:
