@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from malletrain.domain.model import Curve, CurvePoint, Sample
+from malletrain.domain.model import MAX_NODES, Curve, CurvePoint, Sample
 from malletrain.jpa.scaling import ScalingFit, anchored, band, fit_scaling
 
 
@@ -47,7 +47,6 @@ def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:
 
 MIN_RATE = 1e-9      # samples/s: slower is no measurement (and keeps 1/rate finite)
 MAX_RATE = 1e15
-MAX_NODES = 1_000_000
 
 
 class Advisor:

@@ -35,6 +35,7 @@ from typing import TypeGuard
 
 from malletrain.domain.config import read_yaml, reject_unknown
 from malletrain.domain.errors import InputError
+from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S, MAX_JOB_NODES, MAX_PAUSE_S
 from malletrain.domain.text import clipped, shown
 from malletrain.domain.timeutil import is_slurm_time
 
@@ -43,12 +44,12 @@ TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metri
 JOB_KEYS = ("min_nodes", "max_nodes", "gpus_per_node", "grace_s", "rescale_up_s",
             "rescale_down_s", "time", "launch", "profile")
 DISTS = ("uniform", "log_uniform", "int_uniform")
-LAUNCHES = ("srun", "batch")
 MAX_TRIALS = 10_000         # a campaign of more trials is refused before anything is sampled
 MAX_BOUND = 1e15            # |lo|, |hi| of a distribution (beyond, floats lose all precision)
-# the ranges `malletrain submit` accepts (malletrain.slurm.submit; the tag's limits)
-JOB_RANGES = {"min_nodes": (1, 100_000), "max_nodes": (1, 100_000), "gpus_per_node": (0, 1024),
-              "grace_s": (0, 1e7), "rescale_up_s": (0, 1e7), "rescale_down_s": (0, 1e7)}
+# the ranges `malletrain submit` accepts (the same bounds: malletrain.domain.model)
+JOB_RANGES = {"min_nodes": (1, MAX_JOB_NODES), "max_nodes": (1, MAX_JOB_NODES),
+              "gpus_per_node": (0, MAX_GPUS_PER_NODE), "grace_s": (0, MAX_GRACE_S),
+              "rescale_up_s": (0, MAX_PAUSE_S), "rescale_down_s": (0, MAX_PAUSE_S)}
 
 
 @dataclass(frozen=True)

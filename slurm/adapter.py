@@ -244,12 +244,16 @@ class SlurmBackend:
 
     def _read_tag(self, job: str) -> TagRecord | None:
         self.events.tag_reads += 1
-        rec = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
+        rec = self._fetch_tag(job)
         if rec is None:
             self.tag_records.pop(job, None)
         else:   # a comment longer than any tag is not one: keep no more of it than shows that
             self.tag_records[job] = replace(rec, comment=rec.comment[:MAX_TAG_BYTES + 1])
         return rec
+
+    def _fetch_tag(self, job: str) -> TagRecord | None:
+        """The job's owner, partition and comment, read alone (finished jobs too)."""
+        return parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
 
     def _tag_of(self, r: JobRecord) -> Tag | None:
         rec = self.tag_records.get(r.job_id)
@@ -275,7 +279,7 @@ class SlurmBackend:
         adopted with.  Anything else (or a failed read) refuses the write."""
         known = self.tag_records.get(job)
         try:
-            now = parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
+            now = self._fetch_tag(job)
         except SlurmCommandError as exc:
             why = f"cannot re-read it: {exc}"
         else:

@@ -52,7 +52,7 @@ from urllib.parse import quote, unquote
 import hostlist
 
 from malletrain.domain.errors import BackendError
-from malletrain.domain.model import DEFAULT_NODE_TYPE
+from malletrain.domain.model import DEFAULT_NODE_TYPE, MAX_JOB_NODES, MAX_PAUSE_S
 
 
 class Phase(enum.Enum):
@@ -351,8 +351,8 @@ def nodes_from_json(data: Mapping) -> list[NodeRecord]:
 
 TAG = "malletrain:v1"
 MAX_TAG_BYTES = 4096         # a longer comment is not a tag
-MAX_TAG_NODES = 100_000      # min/max beyond this are not a tag (the daemon clamps to its pool)
-MAX_TAG_PAUSE_S = 1e7        # rescale pauses beyond this are not a tag (the config clamps lower)
+MAX_TAG_NODES = MAX_JOB_NODES    # min/max beyond this are not a tag (the daemon clamps to its pool)
+MAX_TAG_PAUSE_S = MAX_PAUSE_S    # rescale pauses beyond this are not a tag (the config clamps lower)
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _PROFILE = re.compile(r"[A-Za-z0-9_.\-]{0,64}")
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from importlib import resources
 
 from malletrain.domain.errors import InputError
+from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import is_slurm_time
 from malletrain.slurm.parse import TAG_FORMAT, Tag, parse_tag, parse_tag_record, tag_problem
@@ -26,7 +27,6 @@ from malletrain.slurm.runner import Runner, SlurmCommandError
 log = logging.getLogger("malletrain.slurm")
 
 TEMPLATE = "malleable.sbatch"     # package data: malletrain/slurm/templates/
-LAUNCHES = ("srun", "batch")
 
 
 def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launch: str,
@@ -91,10 +91,6 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
     script = render_script(command, metrics_dir=metrics_dir, grace_s=grace_s, launch=launch,
                            tasks_per_node=gpus_per_node or 1)
     return argv, script
-
-
-MAX_GPUS_PER_NODE = 1024
-MAX_GRACE_S = 1e7
 
 
 def check_job_values(*, gpus_per_node: int, grace_s: float, time_limit: str | None) -> None:

@@ -14,6 +14,7 @@ import sys
 from malletrain.cli.args import bounded, positive, time_arg
 from malletrain.domain.config import ALLOCATORS, MAX_SECONDS, POLICIES, CoreConfig, read_text
 from malletrain.domain.errors import InputError
+from malletrain.domain.model import MAX_NODES
 from malletrain.domain.text import clipped
 
 EPILOG_REPLAY = """\
@@ -31,7 +32,6 @@ example:
 
 
 # the flags' ranges: beyond them a replay would not end or would allocate without bound
-MAX_NODES = 1_000_000
 INTERVAL = bounded(float, 0.1, 1e7)          # seconds between decisions
 NODES = positive(int, MAX_NODES)
 JOBS = positive(int, 1_000_000)
@@ -154,8 +154,7 @@ def cmd_bench_allocator(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from malletrain.bench.allocator import bench_compare, parse_sizes
-    parse_sizes(args.sizes)       # a bad --sizes fails before any solver runs
+    from malletrain.bench.allocator import bench_compare
     bench_compare(args.sizes, args.repeat, args.time_limit).emit(args.json)
     return 0
 

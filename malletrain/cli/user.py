@@ -90,10 +90,6 @@ def _status_path(args: argparse.Namespace) -> str:
 _MALFORMED = (AttributeError, KeyError, TypeError, ValueError, OverflowError, IndexError, RecursionError)
 
 
-def _status(path: str) -> DaemonStatus:
-    return read_status(path)
-
-
 def _rendered(path: str, render) -> list[str]:
     """``render()``'s lines, all or none: a field of the wrong type is an error naming the file."""
     try:
@@ -108,7 +104,7 @@ def _rate(x: float | None) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     path = _status_path(args)
-    st = _status(path)
+    st = read_status(path)
     if args.json:
         print(json.dumps(dataclasses.asdict(st), indent=1))
         return 0
@@ -143,7 +139,7 @@ def _status_lines(st: DaemonStatus):
 
 def cmd_explain(args: argparse.Namespace) -> int:
     path = _status_path(args)
-    st = _status(path)
+    st = read_status(path)
     job = _rendered(path, lambda: [st.job(str(args.job))])[0]
     if job is None:
         known = _rendered(path, lambda: [", ".join(j.job for j in st.jobs)])[0]

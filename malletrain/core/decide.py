@@ -103,7 +103,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
                           and (c := curves.get(j.job_id)) is not None and c.probe == j.size)
         limit = config.probes_per_owner
         granted: set[str] = set()
-        held = Counter({o: 0 for o in map(_owner, jobs)})
+        held: Counter = Counter()
         for j in jobs:
             held[_owner(j)] += j.size
         for j in _round_robin(free_jobs, held):

@@ -41,6 +41,7 @@ from malletrain.domain.model import Sample
 log = logging.getLogger("malletrain.progress")
 
 EVENTS = ("start", "progress", "checkpoint", "exit")
+_ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
 
 
 class _Unread:
@@ -270,15 +271,17 @@ class ProgressSource:
         self._paths: dict[str, str] = {}
         self._saved = tail.dump()
 
+    def _state(self, job: str) -> TailState | None:
+        path = self._paths.get(job)
+        return self.tail.files.get(path) if path else None
+
     def finished(self, job: str) -> bool:
         """Whether the job's last run, as read so far, ended with its final ``done`` record."""
-        path = self._paths.get(job)
-        st = self.tail.files.get(path) if path else None
+        st = self._state(job)
         return bool(st and st.done)
 
     def step_s(self, job: str) -> float:
-        path = self._paths.get(job)
-        st = self.tail.files.get(path) if path else None
+        st = self._state(job)
         return st.step_s if st else 0.0
 
     def poll(self, observation: Observation) -> tuple[Sample, ...]:
@@ -295,9 +298,8 @@ class ProgressSource:
         for job in [j for j in self.final if j not in observation.ended]:
             del self.final[job]
         # running jobs first (their samples feed the JPA), then the others, taking turns
-        live = sorted(observation.facts.items(), key=lambda kv: kv[1].state not in ("RUNNING", "CONFIGURING"))
-        running = [kv for kv in live if kv[1].state in ("RUNNING", "CONFIGURING")]
-        idle = live[len(running):]
+        running = [kv for kv in observation.facts.items() if kv[1].state in _ACTIVE]
+        idle = [kv for kv in observation.facts.items() if kv[1].state not in _ACTIVE]
         if idle:
             self._turn %= len(idle)
             idle = idle[self._turn:] + idle[:self._turn]

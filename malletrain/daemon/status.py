@@ -8,12 +8,11 @@ a field is renamed or removed; new optional fields keep the version.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from malletrain.domain.errors import InputError
@@ -193,14 +192,14 @@ def _type_problem(value, hint, where: str) -> str | None:
             return f"{where} is not a mapping"
         return next((p for k, v in value.items() if (p := _type_problem(k, args[0], f"{where} key")
                                                      or _type_problem(v, args[1], f"{where}.{k}"))), None)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and is_dataclass(hint):
         if not isinstance(value, hint):
             return f"{where} is not a {hint.__name__}"
         try:
             hints = typing.get_type_hints(hint)
         except (NameError, TypeError):
             return None
-        for f in dataclasses.fields(hint):
+        for f in fields(hint):
             v = getattr(value, f.name)
             if f.name == "t" and not (isinstance(v, (int, float)) and 0 <= v <= MAX_EPOCH_S):
                 return f"{where}.t is not a time"

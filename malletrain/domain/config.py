@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from malletrain.domain.errors import ConfigError, InputError, yaml_problem
+from malletrain.domain.text import clipped
 
 POLICIES = ("malletrain", "oracle", "bftrainer", "greedy", "static")
 MAX_SECONDS = 1e9     # ~31 years: a longer duration (horizon, timeout, interval) is a typo
@@ -88,13 +89,6 @@ def reject_unknown(data: Mapping, valid, where: str | None, *, what: str = "key"
                           f"{', '.join(valid)}", path=where)
 
 
-def _short(value: Any) -> str:
-    if isinstance(value, int) and abs(value) >= 10**30:
-        return f"a {len(str(abs(value)))}-digit integer"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -104,7 +98,7 @@ def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"expected a number, got {value!r}", path=where, field=key)
         if abs(value) > 10**15 or not math.isfinite(value):
-            raise ConfigError(f"expected a finite number (|x| <= 1e15), got {_short(value)}", path=where, field=key)
+            raise ConfigError(f"expected a finite number (|x| <= 1e15), got {clipped(value)}", path=where, field=key)
         if isinstance(default, int) and not float(value).is_integer():
             raise ConfigError(f"expected an integer, got {value!r}", path=where, field=key)
         return type(default)(value)

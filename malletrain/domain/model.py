@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 
 DEFAULT_NODE_TYPE = "gpu"
 
+# Bounds on what users give (traces, workloads, submit flags, job tags, campaign specs): one
+# place, so the commands that read the same value refuse the same things.
+MAX_NODES = 1_000_000          # node counts in traces, workloads and samples
+MAX_JOB_NODES = 100_000        # a malleable job's min/max nodes (beyond: not a tag)
+MAX_PAUSE_S = 1e7              # a malleable job's rescale pauses (the daemon's config clamps lower)
+MAX_GPUS_PER_NODE = 1024
+MAX_GRACE_S = 1e7              # a job's preemption grace time
+LAUNCHES = ("srun", "batch")   # how a malleable job's batch script runs its command
+
 
 def interpolate(counts: Sequence[int], values: Sequence[float], n: float) -> float:
     """Throughput at ``n`` nodes from sorted ``counts``: linear between listed

@@ -23,12 +23,12 @@ import hostlist
 import numpy as np
 
 from malletrain.domain.errors import InputError
+from malletrain.domain.model import MAX_NODES  # a trace (or one SWF job) needing more is refused
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import parse_time
 
 FORMATS = ("auto", "events", "swf", "sacct")
 GZIP_MAGIC = b"\x1f\x8b"
-MAX_NODES = 1_000_000        # a trace (or one SWF job) needing more nodes is refused, not allocated
 MAX_SWF_SECONDS = 1e12       # SWF times and durations beyond this (~31,700 years) are typos
 
 
@@ -53,9 +53,7 @@ def _open_text(path: str) -> io.TextIOBase:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):   # a FIFO or /dev/zero would never end
             raise InputError("cannot read trace: not a regular file", path=path)
-        with open(path, "rb") as fh:
-            magic = fh.read(2)
-        if magic == GZIP_MAGIC:
+        if _is_gzip(path):
             return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
         return open(path, encoding="utf-8")
     except OSError as exc:
@@ -78,11 +76,14 @@ def _reading(path: str) -> Iterator[io.TextIOBase]:
         raise InputError(f"{what} ({exc})", path=path) from None
 
 
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == GZIP_MAGIC
+
+
 def _first_undecodable_line(path: str) -> int | None:
     try:
-        with open(path, "rb") as raw:
-            gz = raw.read(2) == GZIP_MAGIC
-        with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
+        with (gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")) as fh:
             for lineno, line in enumerate(fh, start=1):
                 try:
                     line.decode("utf-8")

@@ -25,7 +25,7 @@ import yaml
 
 from malletrain.domain.config import read_yaml
 from malletrain.domain.errors import InputError
-from malletrain.domain.model import interpolate
+from malletrain.domain.model import MAX_NODES, interpolate
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import parse_time
 
@@ -33,7 +33,6 @@ JOB_KEYS = ("name", "submit", "min_nodes", "max_nodes", "work", "rescale_up_s",
             "rescale_down_s", "profile", "throughput")
 REQUIRED = ("name", "submit", "min_nodes", "max_nodes", "work", "throughput")
 MAX_VALUE = 1e15          # work, seconds and samples/s beyond this are typos (and overflow floats)
-MAX_NODES = 1_000_000     # node counts, as for traces
 
 
 @dataclass(frozen=True)
