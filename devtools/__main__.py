@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--keep", action="store_true", help="leave the cluster and its queue up")
     bq.add_argument("--json", action="store_true")
     bq.set_defaults(run=_bench_queue)
+    cf = sub.add_parser("capture-fixtures", help="capture the Slurm parser fixtures from a real slurmctld "
+                                                 "of one release (starts its own local Slurm; root)")
+    cf.add_argument("--slurm", required=True, choices=("host", "22.05", "24.11", "26.05"),
+                    help="the release (scripts/local-slurm.sh --slurm)")
+    cf.add_argument("--out", required=True, help="directory for the fixture files (tests/fixtures/slurm)")
+    cf.set_defaults(run=_capture_fixtures)
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")
@@ -92,6 +98,13 @@ def _bench_queue(a: argparse.Namespace) -> int:
         raise MalletrainError("--jobs: queue sizes between 1 and 200,000")
     return _emit(run(sizes, directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
                      repeat=a.repeat, keep=a.keep), a.json)
+
+
+def _capture_fixtures(a: argparse.Namespace) -> int:
+    from devtools.capture_fixtures import capture
+    for path in capture(a.slurm, a.out):
+        print(path)
+    return 0
 
 
 def _bench_runtime(a: argparse.Namespace) -> int:

@@ -4,34 +4,52 @@
 # fake GPUs, a `batch` partition and a preemptible `scavenger` partition
 # (partition-priority preemption, REQUEUE, GraceTime, whole-node allocation).
 #
-#   scripts/local-slurm.sh up [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]   start (idempotent)
+#   scripts/local-slurm.sh up [--slurm V] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]
 #   scripts/local-slurm.sh status [--dir DIR]                        show daemons and nodes
 #   scripts/local-slurm.sh down [--dir DIR]                          stop everything it started
 #   scripts/local-slurm.sh stop-ctld | start-ctld [--dir DIR]        outage drills (tests)
 #
-# `up` prints `SLURM_CONF=<path>`; point clients at it (export SLURM_CONF=...).
-# Everything lives under DIR (default: .local-slurm/ in the repository, or
-# $LOCAL_SLURM_DIR); `down` cancels the jobs, stops the daemons and leaves
-# nothing running.  `up` with a different node count or grace time restarts
-# the cluster from a clean state.
+# --slurm host (default) runs the host's Slurm packages (Debian 12: 22.05);
+# --slurm 22.05|24.11|26.05 runs that release: the host's if it matches, else
+# from a minimal Debian root (bookworm|trixie|sid) built once with debootstrap
+# and cached in $MALLETRAIN_SLURM_ROOTS (default /var/cache/malletrain/roots).
+# Its daemons run chrooted in a private mount namespace (nothing to unmount);
+# its clients run on the host through wrappers in DIR/bin that use the root's
+# own loader and libraries, so any user (the daemon's operator account too)
+# can run them.
+#
+# `up` prints `SLURM_CONF=<path>` and `SLURM_BIN=<dir>`: point clients at both
+# (export SLURM_CONF=...; PATH=<dir>:$PATH).  Everything lives under DIR
+# (default: .local-slurm/ in the repository, or $LOCAL_SLURM_DIR); `down`
+# cancels the jobs, stops the daemons and leaves nothing running.  `up` with
+# a different version, node count or grace time restarts the cluster from a
+# clean state.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CMD="${1:-}"; shift || true
-NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"
+NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host
 while [ $# -gt 0 ]; do
     case "$1" in
+        --slurm) SLURM="$2"; shift 2 ;;
         --nodes) NODES="$2"; shift 2 ;;
         --grace) GRACE="$2"; shift 2 ;;
         --max-jobs) MAXJOBS="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "local-slurm: unknown option $1 (valid: --nodes N, --grace S, --max-jobs N, --dir DIR)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "local-slurm: unknown option $1 (valid: --slurm V, --nodes N, --grace S, --max-jobs N, --dir DIR)" >&2; exit 2 ;;
     esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || { echo "local-slurm: --nodes must be a positive integer" >&2; exit 2; }
 [[ "$GRACE" =~ ^[0-9]+$ ]] || { echo "local-slurm: --grace must be whole seconds" >&2; exit 2; }
 [[ "$MAXJOBS" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "local-slurm: --max-jobs must be a positive integer (< 10^7)" >&2; exit 2; }
+case "$SLURM" in
+    host|22.05|24.11|26.05) ;;
+    *) echo "local-slurm: --slurm must be host, 22.05, 24.11 or 26.05" >&2; exit 2 ;;
+esac
 CONF="$DIR/etc/slurm.conf"
+BIN="$DIR/bin"
+ROOTS="${MALLETRAIN_SLURM_ROOTS:-/var/cache/malletrain/roots}"
+RFS=""       # the Debian root whose Slurm runs this cluster; "" = the host's packages
 CTLD_PORT="${LOCAL_SLURM_PORT:-6817}"
 NODE_PORT0=$((CTLD_PORT + 4))
 log() { echo "[local-slurm] $*" >&2; }
@@ -47,6 +65,100 @@ install_packages() {
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+major_minor() { sed -E 's/^([0-9]+\.[0-9]+).*/\1/'; }
+host_version() { dpkg-query -W -f '${Version}' slurmctld 2>/dev/null | major_minor; }
+suite_of() { case "$1" in 22.05) echo bookworm ;; 24.11) echo trixie ;; 26.05) echo sid ;; esac; }
+
+# A minimal Debian root holding one Slurm release, built once and cached.  Host
+# paths that name the root must resolve inside it too (PluginDir in slurm.conf,
+# the client wrappers a job's script may call): a link $RFS -> / inside the root.
+build_root() {
+    local suite="$1" tmp="$RFS.tmp"
+    command -v debootstrap >/dev/null || {
+        log "installing debootstrap with apt"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+    rm -rf "$tmp"; mkdir -p "$ROOTS"
+    log "building a Debian $suite root for Slurm $SLURM in $RFS (once, about a minute)"
+    if ! debootstrap --variant=minbase --include=slurmctld,slurmd,slurm-client,slurmrestd,munge,python3 \
+            "$suite" "$tmp" "${MALLETRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$ROOTS/$suite.log" 2>&1; then
+        log "debootstrap $suite failed; see $ROOTS/$suite.log"; tail -5 "$ROOTS/$suite.log" >&2; rm -rf "$tmp"; exit 1
+    fi
+    mkdir -p "$tmp$(dirname "$RFS")"; ln -s / "$tmp$RFS"
+    mv "$tmp" "$RFS"
+}
+
+# Where this cluster's Slurm comes from: the host's packages, or a cached root (sets RFS).
+resolve_slurm() {
+    [ "$SLURM" = host ] && return
+    [ "$(host_version)" = "$SLURM" ] && return
+    local suite have; suite="$(suite_of "$SLURM")"
+    RFS="$ROOTS/$suite"
+    { [ -x "$RFS/usr/sbin/slurmctld" ] && [ -L "$RFS$RFS" ]; } || build_root "$suite"
+    have="$(chroot "$RFS" dpkg-query -W -f '${Version}' slurmctld | major_minor)"
+    if [ "$have" != "$SLURM" ]; then
+        log "$RFS holds Slurm $have, not $SLURM (Debian $suite moved on); remove it to rebuild"; exit 1
+    fi
+    # the root's daemons look users and hosts up in its own /etc
+    cp /etc/passwd /etc/group /etc/hosts "$RFS/etc/"
+}
+
+# Run a Slurm daemon: the host's, or chrooted in the root inside a private mount
+# namespace that shows the host's /tmp, /home, the repository and DIR at their own
+# paths (jobs' files, the config) and the host's munge socket.  The mounts live
+# as long as the daemons do: there is nothing to unmount.
+run_daemon() {
+    if [ -z "$RFS" ]; then SLURM_CONF="$CONF" "$@"; return; fi
+    unshare --mount --propagation private -- bash -c '
+        set -e; R="$1"; shift
+        mount -t proc proc "$R/proc"; mount --rbind /dev "$R/dev"; mount --rbind /sys "$R/sys"
+        mkdir -p "$R/run/munge"; mount --bind /run/munge "$R/run/munge"
+        while [ "$1" != -- ]; do mkdir -p "$R$1"; mount --rbind "$1" "$R$1"; shift; done; shift
+        exec chroot "$R" "$@"' _ "$RFS" /tmp /home "$ROOT" "$DIR" -- \
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$CONF" "$@"
+}
+
+# DIR/bin: this cluster's client commands, for this script, the tests and any user.
+# For a root's Slurm each is a two-line wrapper that runs the root's binary with
+# the root's loader and libraries (no chroot: unprivileged users can run it).
+write_bin() {
+    rm -rf "$BIN"; mkdir -p "$BIN"
+    local libs="$RFS/usr/lib/x86_64-linux-gnu/slurm-wlm:$RFS/usr/lib/x86_64-linux-gnu" c p
+    for c in sbatch scancel scontrol sinfo squeue sacct sacctmgr sdiag srun salloc sprio sshare; do
+        if [ -z "$RFS" ]; then
+            p="$(command -v "$c" 2>/dev/null)" && ln -s "$p" "$BIN/$c"
+            continue
+        fi
+        [ -x "$RFS/usr/bin/$c" ] || continue
+        {
+            echo "#!/bin/sh"
+            echo "# Slurm $SLURM's $c from $RFS, run with that root's loader and libraries."
+            echo "exec $RFS/lib64/ld-linux-x86-64.so.2 --argv0 $c --library-path $libs $RFS/usr/bin/$c \"\$@\""
+        } > "$BIN/$c"
+        chmod 755 "$BIN/$c"
+    done
+    chmod 755 "$DIR" "$BIN"
+}
+
+sl() { local c="$1"; shift; SLURM_CONF="$CONF" "$BIN/$c" "$@"; }
+
+# The release a running cluster was started with (every command but `up` acts on that one).
+known_slurm() {
+    local v; v="$(awk '{print $4}' "$DIR/shape" 2>/dev/null || true)"
+    SLURM="${v:-host}"
+    if [ "$SLURM" != host ] && [ "$(host_version)" != "$SLURM" ]; then RFS="$ROOTS/$(suite_of "$SLURM")"; fi
+}
+
+# This cluster's slurmd and slurmstepd processes: they work in DIR/log (seen through the
+# root's path when chrooted).  A process tree, children first.
+cluster_daemons() {
+    local p cwd
+    for p in $(pgrep -f 'slurmd|slurmstepd' || true); do
+        cwd="$(readlink "/proc/$p/cwd" 2>/dev/null)" || continue
+        case "$cwd" in *"$DIR/log") echo "$p" ;; esac
+    done
+}
+tree() { local c; for c in $(pgrep -P "$1" || true); do tree "$c"; done; echo "$1"; }
 
 start_munge() {
     if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
@@ -64,7 +176,7 @@ write_config() {
     mkdir -p "$DIR/etc" "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/dev" "$DIR/run"
     for i in 0 1 2 3; do [ -c "$DIR/dev/gpu$i" ] || mknod "$DIR/dev/gpu$i" c 1 3; done
     cat > "$CONF" <<EOF
-# Written by scripts/local-slurm.sh: $NODES emulated nodes on one host.
+# Written by scripts/local-slurm.sh: $NODES emulated nodes on one host, Slurm $SLURM${RFS:+ from $RFS}.
 ClusterName=malletrain
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
@@ -107,17 +219,20 @@ EOF
     cat > "$DIR/etc/gres.conf" <<EOF
 NodeName=n[1-$NODES] Name=gpu File=$DIR/dev/gpu[0-3]
 EOF
-    cat > "$DIR/etc/cgroup.conf" <<EOF
-CgroupPlugin=cgroup/v1
-EOF
-    echo "$NODES $GRACE $MAXJOBS" > "$DIR/shape"
+    if [ -n "$RFS" ]; then
+        echo "PluginDir=$RFS/usr/lib/x86_64-linux-gnu/slurm-wlm" >> "$CONF"
+        echo "CgroupPlugin=disabled" > "$DIR/etc/cgroup.conf"
+    else
+        echo "CgroupPlugin=cgroup/v1" > "$DIR/etc/cgroup.conf"
+    fi
+    echo "$SHAPE" > "$DIR/shape"
 }
 
-ctld_up() { alive "$DIR/run/slurmctld.pid" && SLURM_CONF="$CONF" timeout 10 scontrol ping 2>/dev/null | grep -q UP; }
+ctld_up() { alive "$DIR/run/slurmctld.pid" && [ -x "$BIN/scontrol" ] && SLURM_CONF="$CONF" timeout 10 "$BIN/scontrol" ping 2>/dev/null | grep -q UP; }
 
 start_ctld() {
     alive "$DIR/run/slurmctld.pid" && return
-    SLURM_CONF="$CONF" slurmctld -f "$CONF"
+    run_daemon slurmctld -f "$CONF"
     for _ in $(seq 100); do ctld_up && return; sleep 0.2; done
     log "slurmctld did not come up; see $DIR/log/slurmctld.log"; tail -5 "$DIR/log/slurmctld.log" >&2; exit 1
 }
@@ -135,23 +250,23 @@ start_nodes() {
     for i in $(seq 1 "$n"); do
         alive "$DIR/run/slurmd-n$i.pid" && continue
         mkdir -p "$DIR/spool/n$i"
-        SLURM_CONF="$CONF" slurmd -f "$CONF" -N "n$i"
+        run_daemon slurmd -f "$CONF" -N "n$i"
     done
     for _ in $(seq 150); do
         local idle
-        idle="$(SLURM_CONF="$CONF" sinfo -h -N -p batch -o '%N %T' 2>/dev/null | awk '$2=="idle"' | wc -l)"
+        idle="$(sl sinfo -h -N -p batch -o '%N %T' 2>/dev/null | awk '$2=="idle"' | wc -l)"
         [ "$idle" -ge "$n" ] && return
         sleep 0.2
     done
-    log "nodes did not all become idle:"; SLURM_CONF="$CONF" sinfo -N -p batch >&2 || true; exit 1
+    log "nodes did not all become idle:"; sl sinfo -N -p batch >&2 || true; exit 1
 }
 
 down() {
     if [ -f "$CONF" ] && ctld_up; then
-        SLURM_CONF="$CONF" timeout 10 scancel --quiet --full --partition=batch,scavenger 2>/dev/null || true
-        SLURM_CONF="$CONF" timeout 10 scancel --quiet --hold 2>/dev/null || true
+        SLURM_CONF="$CONF" timeout 10 "$BIN/scancel" --quiet --full --partition=batch,scavenger 2>/dev/null || true
+        SLURM_CONF="$CONF" timeout 10 "$BIN/scancel" --quiet --hold 2>/dev/null || true
         for _ in $(seq 50); do
-            [ -z "$(SLURM_CONF="$CONF" squeue -h -t R,CG -o %i 2>/dev/null)" ] && break; sleep 0.2
+            [ -z "$(sl squeue -h -t R,CG -o %i 2>/dev/null)" ] && break; sleep 0.2
         done
     fi
     for pid in "$DIR"/run/slurmd-*.pid; do
@@ -163,8 +278,12 @@ down() {
         [ -f "$pid" ] && alive "$pid" && kill -9 "$(cat "$pid")" 2>/dev/null || true
         rm -f "$pid"
     done
-    # job steps of an emulated node outlive its slurmd (proctrack/linuxproc)
-    pkill -9 -f "slurmstepd: \[" 2>/dev/null || true
+    # job steps of an emulated node outlive its slurmd (proctrack/linuxproc): kill this
+    # cluster's steps with everything they started, and any job script left orphaned
+    local p
+    for p in $(cluster_daemons) $(pgrep -f "$DIR/spool/" || true); do
+        kill -9 $(tree "$p") 2>/dev/null || true
+    done
     # wait for everything started from this cluster's config to be gone
     for _ in $(seq 50); do pgrep -f "$CONF" >/dev/null 2>&1 || break; sleep 0.2; done
     pkill -9 -f "$CONF" 2>/dev/null || true
@@ -177,35 +296,41 @@ down() {
 status() {
     if [ ! -f "$CONF" ]; then echo "local-slurm: not set up in $DIR"; return 1; fi
     echo "SLURM_CONF=$CONF"
+    echo "SLURM_BIN=$BIN"
+    head -1 "$CONF" | sed 's/^# Written by scripts.local-slurm.sh: //'
     if ctld_up; then echo "slurmctld: up (pid $(cat "$DIR/run/slurmctld.pid"))"; else echo "slurmctld: down"; fi
     local n=0
     for pid in "$DIR"/run/slurmd-*.pid; do [ -f "$pid" ] && alive "$pid" && n=$((n + 1)); done
     echo "slurmd: $n running"
-    ctld_up && SLURM_CONF="$CONF" sinfo -N -o '%N %P %T %G' || true
+    ctld_up && sl sinfo -N -o '%N %P %T %G' || true
 }
 
 case "$CMD" in
     up)
         install_packages
+        resolve_slurm
         mkdir -p "$DIR"
-        if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$NODES $GRACE $MAXJOBS" ]; then
-            log "shape changed ($(cat "$DIR/shape") -> $NODES $GRACE $MAXJOBS): restarting from a clean state"
+        SHAPE="$NODES $GRACE $MAXJOBS $SLURM"
+        if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$SHAPE" ]; then
+            log "shape changed ($(cat "$DIR/shape") -> $SHAPE): restarting from a clean state"
             down; rm -rf "$DIR/state" "$DIR/spool"
         fi
         if ! ctld_up; then
             down 2>/dev/null || true
             rm -rf "$DIR/state" "$DIR/spool"
             write_config
+            write_bin
         fi
         start_munge
         start_ctld
         start_nodes "$NODES"
-        log "up: $NODES nodes, GraceTime=${GRACE}s, logs in $DIR/log"
+        log "up: Slurm $(sl sinfo --version | awk '{print $2}'), $NODES nodes, GraceTime=${GRACE}s, logs in $DIR/log"
         echo "SLURM_CONF=$CONF"
+        echo "SLURM_BIN=$BIN"
         ;;
-    down) down; log "down" ;;
-    status) status ;;
-    stop-ctld) stop_ctld ;;
-    start-ctld) start_ctld ;;
-    *) echo "usage: $0 up|down|status|stop-ctld|start-ctld [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]" >&2; exit 2 ;;
+    down) known_slurm; down; log "down" ;;
+    status) known_slurm; status ;;
+    stop-ctld) known_slurm; stop_ctld ;;
+    start-ctld) known_slurm; start_ctld ;;
+    *) echo "usage: $0 up|down|status|stop-ctld|start-ctld [--slurm V] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]" >&2; exit 2 ;;
 esac

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.domain.config import DaemonConfig, SlurmConfig
+from malletrain.domain.errors import BackendError
 from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
 from malletrain.slurm.parse import (
     MAX_TAG_BYTES,
@@ -58,6 +59,7 @@ from malletrain.slurm.parse import (
     parse_tag_record,
 )
 from malletrain.slurm.runner import Runner, SlurmCommandError
+from malletrain.slurm.versions import Release, parse_release
 
 log = logging.getLogger("malletrain.slurm")
 MAX_ENDED_READ = 500      # ended jobs read per cycle (one squeue -j list)
@@ -123,10 +125,21 @@ class SlurmBackend:
         # job queued again (stopped or preempted as it finished) is never started again
         self.finished_work: Callable[[str], bool] = lambda job: False
         self.finished_queued: set[str] = set()      # such jobs seen this cycle: the daemon cancels them
+        self.release: Release | None = None         # read once (versions.py: what differs per release)
+
+    def _learn_release(self) -> None:
+        try:
+            self.release = parse_release(self.runner.read(["sinfo", "--version"]))
+        except BackendError as exc:     # tried again next cycle; the reads below say if Slurm is down
+            log.warning("cannot tell the Slurm release: %s", exc)
+            return
+        log.info("%s", self.release.notes(), extra={"slurm_release": self.release.text})
 
     # ------------------------------------------------------------ observe
     def observe(self) -> Observation:
         now = self.clock()
+        if self.release is None:
+            self._learn_release()
         jobs = self._jobs()
         jobs += self._ended(jobs)
         nodes = self._nodes()

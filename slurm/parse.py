@@ -101,6 +101,7 @@ class JobRecord:
     comment: str = ""
     restarts: int = 0
     plain: bool = True           # not an array or heterogeneous job (only plain jobs are adopted)
+    run_id: str = ""             # this run's own id where Slurm gives one (26.05+: sluid; versions.py)
 
     @property
     def phase(self) -> Phase:
@@ -328,8 +329,14 @@ def jobs_from_json(data: Mapping) -> list[JobRecord]:
             int(number(j.get("node_count")) or 0), expand(j.get("nodes") or ""),
             start if start else None, expand(sched), number(j.get("submit_time")),
             j.get("user_name", ""), uid=_int_or_none(number(j.get("user_id"))), name=j.get("name", ""),
-            comment=j.get("comment") or "", restarts=int(number(j.get("restart_cnt")) or 0)))
+            comment=j.get("comment") or "", restarts=int(number(j.get("restart_cnt")) or 0),
+            run_id=_sluid(j)))
     return out
+
+
+def _sluid(job: Mapping) -> str:
+    step = job.get("step_id")
+    return str(step.get("sluid") or "") if isinstance(step, Mapping) else ""
 
 
 def _int_or_none(value: float | None) -> int | None:
@@ -337,6 +344,11 @@ def _int_or_none(value: float | None) -> int | None:
 
 
 def nodes_from_json(data: Mapping) -> list[NodeRecord]:
+    """``sinfo --json``: a ``nodes`` list (22.05, also ``scontrol show nodes --json``) or, from
+    23.02, ``sinfo`` groups of nodes sharing a partition and state (versions.py).  One record
+    per node, in first-seen order."""
+    if "sinfo" in data:
+        return _nodes_from_groups(data["sinfo"])
     out = []
     for n in data.get("nodes", []):
         feats = n.get("features", "")
@@ -345,6 +357,20 @@ def nodes_from_json(data: Mapping) -> list[NodeRecord]:
         out.append(NodeRecord(n["name"], frozenset(_states(n.get("state"), n.get("state_flags"))),
                               n.get("gres", "") or "", feats or ""))
     return out
+
+
+def _nodes_from_groups(groups: Any) -> list[NodeRecord]:
+    seen: dict[str, NodeRecord] = {}
+    for g in groups or []:
+        gres = g.get("gres", {})
+        feats = g.get("features", {})
+        for name in (g.get("nodes") or {}).get("nodes") or []:
+            if name not in seen:
+                seen[name] = NodeRecord(
+                    name, frozenset(_states((g.get("node") or {}).get("state"))),
+                    (gres.get("total") if isinstance(gres, Mapping) else gres) or "",
+                    (feats.get("active") if isinstance(feats, Mapping) else feats) or "")
+    return list(seen.values())
 
 
 # ---------------------------------------------------------------- the job tag

@@ -1,6 +1,8 @@
 """The one subprocess seam every Slurm command goes through.
 
-* argv lists only, never a shell; every call has a timeout;
+* argv lists only, never a shell; every call has a timeout; a bare command
+  name is taken from ``bin_dir`` when one is configured (a site's
+  ``/opt/slurm/24.11/bin``), else from ``PATH``;
 * a sanitised environment: ``SQUEUE_*``, ``SINFO_*``, ``SBATCH_*``,
   ``SCONTROL_*``, ``SLURM_TIME_FORMAT`` … from the caller are dropped (they
   change output formats), ``LC_ALL=C`` and ``SLURM_TIME_FORMAT=%s`` (epoch
@@ -71,12 +73,14 @@ def clean_env(base: Mapping[str, str], slurm_conf: str | None) -> dict[str, str]
 class Runner:
     """Runs Slurm commands; ``exec_fn`` is replaceable for unit tests."""
 
-    def __init__(self, *, slurm_conf: str | None = None, timeout_s: float = 10.0,
+    def __init__(self, *, slurm_conf: str | None = None, bin_dir: str | None = None,
+                 timeout_s: float = 10.0,
                  retries: int = 3, backoff_s: float = 0.5,
                  exec_fn: Callable[..., subprocess.CompletedProcess] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> None:
         self.env = clean_env(os.environ, slurm_conf)
+        self.bin_dir = bin_dir or None
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._exec = exec_fn or subprocess.run
         self._sleep = sleep
@@ -107,6 +111,8 @@ class Runner:
     def _once(self, argv: Sequence[str], timeout_s: float | None, kind: str,
               env: Mapping[str, str] | None = None) -> str:
         argv = [str(a) for a in argv]
+        if self.bin_dir and "/" not in argv[0]:
+            argv[0] = os.path.join(self.bin_dir, argv[0])
         if kind == "write":    # the audit trail: every change the daemon makes in Slurm
             log.info("slurm write: %s", " ".join(argv), extra={"command": argv})
         t0 = time.perf_counter()
@@ -128,7 +134,7 @@ class Runner:
             self._failed()
             raise SlurmCommandError(argv, None, str(exc)) from None
         finally:
-            self.stats.latencies_s.append((argv[0], time.perf_counter() - t0, kind))
+            self.stats.latencies_s.append((os.path.basename(argv[0]), time.perf_counter() - t0, kind))
         if proc.returncode != 0:
             self._failed()
             raise SlurmCommandError(argv, proc.returncode, proc.stderr or "")

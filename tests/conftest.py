@@ -12,12 +12,14 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The test cluster (scripts/local-slurm.sh, 4 nodes), up for one test module."""
+def cluster(request):
+    """The test cluster (scripts/local-slurm.sh, 4 nodes), up for one test module: the
+    host's Slurm, or the release a test names with
+    ``@pytest.mark.parametrize("cluster", VERSIONS, indirect=True)``."""
     from live import Cluster
     if os.geteuid() != 0:
         pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
-    c = Cluster()
+    c = Cluster(getattr(request, "param", "host"))
     c.up()
     c.clean()
     yield c

@@ -61,6 +61,8 @@ class FakeSlurm:
                 f"{j}|{r.get('shown', j)}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
                 f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
                 f"100|u|{r.get('uid', 1000)}\n" for j, r in listed.items())
+        elif cmd == "sinfo" and "--version" in argv:
+            out = "slurm 22.05.8\n"
         elif cmd == "sinfo":
             out = "".join(f"{n}|{s}|gpu:4|(null)\n" for n, s in self.nodes.items())
         elif cmd == "scontrol" and argv[1] == "-o":

@@ -13,7 +13,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 TEST_DIR = os.environ.get("MALLETRAIN_TEST_SLURM_DIR", os.path.join(ROOT, ".local-slurm-test"))
-TEST_PORT = os.environ.get("MALLETRAIN_TEST_SLURM_PORT", "7817")
+TEST_PORT = int(os.environ.get("MALLETRAIN_TEST_SLURM_PORT", "7817"))
+# The Slurm releases the live tests meet: the host's packages (Debian 12: 22.05) and the
+# two newer ones scripts/local-slurm.sh runs from cached Debian roots.  Each has its own
+# directory and ports, so a failed teardown of one never blocks the next.
+VERSIONS = ("host", "24.11", "26.05")
+_PORT_OFFSET = {"host": 0, "22.05": 20, "24.11": 40, "26.05": 60}
 GRACE_S = 10
 TEST_USERS = ("mt-alice", "mt-mallory")     # created by the hostile-user tests
 
@@ -29,23 +34,41 @@ def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):
 
 
 class Cluster:
-    def __init__(self) -> None:
-        self.env = dict(os.environ, LOCAL_SLURM_DIR=TEST_DIR, LOCAL_SLURM_PORT=TEST_PORT)
-        self.conf = None
+    def __init__(self, version: str = "host") -> None:
+        self.version = version
+        self.dir = TEST_DIR if version == "host" else f"{TEST_DIR}-{version}"
+        self.env = dict(os.environ, LOCAL_SLURM_DIR=self.dir,
+                        LOCAL_SLURM_PORT=str(TEST_PORT + _PORT_OFFSET[version]))
+        self.conf: str | None = None
+        self.bin: str | None = None
+        self.release = ""      # what sinfo --version says, e.g. "24.11.5"
+
+    @property
+    def job_python(self) -> str:
+        """The Python a job runs: this one on the host's Slurm; the Debian root's own
+        (stdlib only, PYTHONPATH=this checkout) where slurmd runs chrooted in one."""
+        return sys.executable if self.version == "host" else "/usr/bin/python3"
 
     def script(self, *args: str) -> str:
-        out = subprocess.run(["bash", SCRIPT, *args, "--dir", TEST_DIR], env=self.env,
+        out = subprocess.run(["bash", SCRIPT, *args, "--dir", self.dir], env=self.env,
                              capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             raise RuntimeError(f"local-slurm.sh {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
         return out.stdout
 
     def up(self) -> None:
-        out = self.script("up", "--nodes", "4", "--grace", str(GRACE_S))
-        line = [x for x in out.splitlines() if x.startswith("SLURM_CONF=")][-1]
-        self.conf = line.split("=", 1)[1]
+        out = self.script("up", "--slurm", self.version, "--nodes", "4", "--grace", str(GRACE_S))
+        said = dict(x.split("=", 1) for x in out.splitlines() if x.startswith(("SLURM_CONF=", "SLURM_BIN=")))
+        self.conf, self.bin = said["SLURM_CONF"], said["SLURM_BIN"]
         self.env["SLURM_CONF"] = self.conf
         self.env["SLURM_TIME_FORMAT"] = "%s"
+        self.env["PATH"] = f"{self.bin}:{os.environ['PATH']}"
+        self.release = self.sh("sinfo", "--version").split()[-1]
+
+    def runner(self, **kw):
+        """A Runner on this cluster's own client commands."""
+        from malletrain.slurm.runner import Runner
+        return Runner(slurm_conf=self.conf, bin_dir=self.bin, **kw)
 
     def sh(self, *argv: str, check: bool = True) -> str:
         out = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=60)
@@ -95,7 +118,7 @@ class Cluster:
              "--name", name, "--min-nodes", str(lo),
              "--max-nodes", str(hi), "--rescale-up", str(up), "--rescale-down", str(down),
              "--metrics-dir", str(tmp / "metrics"), "--",
-             *job_env, sys.executable, "-m", "devtools.synthjob", "--work", str(work), "--rate", str(rate),
+             *job_env, self.job_python, "-m", "devtools.synthjob", "--work", str(work), "--rate", str(rate),
              "--alpha", str(alpha), "--checkpoint", str(tmp / f"{name}.ckpt"),
              "--checkpoint-s", str(checkpoint_s), "--startup-s", "0.5", "--report-s", "0.3", *faults],
             env=env, cwd=str(tmp) if installed else None, capture_output=True, text=True, timeout=60)
@@ -116,7 +139,7 @@ class DaemonProc:
         self.config = tmp / f"{name}.yaml"
         self.log_path = tmp / f"{name}.log"
         cfg = {"core": {"horizon_s": 300, "min_dwell_s": 4},
-               "slurm": {"slurm_conf": cluster.conf, "command_timeout_s": 5, "retries": 1,
+               "slurm": {"slurm_conf": cluster.conf, "bin_dir": cluster.bin, "command_timeout_s": 5, "retries": 1,
                          "backoff_s": 0.3},
                "daemon": {"interval_s": interval_s, "state_dir": str(self.state_dir),
                           "metrics_port": 0, "vacate_lead_s": vacate_lead_s, "rescale_wait_s": 30,

@@ -28,7 +28,6 @@ import pytest
 from live import ROOT, TEST_USERS, DaemonProc, OpenWatch, wait_until
 
 from malletrain.slurm.parse import Tag
-from malletrain.slurm.runner import Runner
 from malletrain.slurm.submit import build_submission, find_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.live]
@@ -320,7 +319,7 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
         assert jid not in jobs, f"{what}: job {jid} has no valid tag and must not be adopted"
     assert jobs[copied].user == MALLORY and jobs[copied].profile == f"{MALLORY}/synth"
     assert jobs[copied].measured is None                      # Alice's dir holds no file of Mallory's
-    runner = Runner(slurm_conf=cluster.conf, timeout_s=10)
+    runner = cluster.runner(timeout_s=10)
     token = alice_tag.split("token=", 1)[1].split(" ", 1)[0]
     assert find_token(runner, token, "scavenger", uid=alice.uid) == a1
     assert find_token(runner, token, "scavenger", uid=mallory.uid) == copied

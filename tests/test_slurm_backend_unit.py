@@ -170,3 +170,24 @@ def test_user_numbers_are_clamped_and_profiles_are_per_user():
     a, c = obs.snapshot.jobs
     assert a.spec.max_nodes == 4 and a.spec.rescale_up_s == 600 and a.spec.rescale_down_s == 5
     assert obs.facts["7"].profile == "u/resnet" and obs.facts["8"].profile == "shared-bert"
+
+
+def test_the_release_is_read_once_and_retried_only_while_unknown():
+    import subprocess
+    fake = FakeSlurm()
+    b, clock, _ = _backend(fake)
+    tries = []
+
+    def flaky(argv, **kw):          # the first `sinfo --version` fails (Slurm's config unreadable)
+        if argv[:2] == ["sinfo", "--version"]:
+            tries.append(argv)
+            if len(tries) == 1:
+                return subprocess.CompletedProcess(argv, 1, "", "sinfo: fatal: no configuration source")
+        return fake(argv, **kw)
+    b.runner._exec = flaky
+    b.runner.retries = 0
+    for _ in range(4):
+        b.observe()
+        clock["t"] += 2
+    assert b.release is not None and b.release.text == "22.05.8"
+    assert len(tries) == 2          # failed in cycle 1, read in cycle 2, never again

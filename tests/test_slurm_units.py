@@ -25,29 +25,69 @@ def _load(name):
         return fh.read() if name.endswith(".txt") else json.load(fh)
 
 
-@pytest.mark.parametrize("version", ["22.05", "23.11"])
+RELEASES = ("22.05", "24.11", "26.05")    # fixtures captured from each real slurmctld
+
+
+@pytest.mark.parametrize("version", RELEASES)
 def test_json_shapes_normalise_to_the_same_records(version):
     jobs = {j.job_id: j for j in parse.jobs_from_json(_load(f"squeue-{version}.json"))}
+    text = {j.job_id: j for j in parse.parse_squeue(_load(f"squeue-{version}.txt"))}
     held, running, pending = jobs["7"], jobs["8"], jobs["9"]
     assert held.phase is parse.Phase.HELD and parse.parse_tag(held.comment).max_nodes == 4
     assert running.phase is parse.Phase.RUNNING and running.nodes == ("n1", "n2", "n3")
-    assert running.node_count == 3 and running.start_s == 1795352834
-    assert pending.phase is parse.Phase.PENDING and pending.start_s == 1795352894
+    assert running.node_count == 3 and running.start_s == text["8"].start_s
+    assert pending.phase is parse.Phase.PENDING and pending.start_s == text["9"].start_s > running.start_s
     nodes = {n.name: n for n in parse.nodes_from_json(_load(f"sinfo-{version}.json"))}
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
     assert not nodes["n4"].harvestable and "PLANNED" in nodes["n4"].states
     assert not nodes["n1"].harvestable and "ALLOCATED" in nodes["n1"].states
+    assert nodes["n1"].gres == "gpu:4"
     assert parse.release(_load(f"squeue-{version}.json")).startswith(version)
+    # only 26.05 gives each run of a job its own id (versions.py)
+    assert bool(held.run_id) is (version == "26.05")
 
 
-def test_text_formats_agree_with_json():
-    text = {j.job_id: j for j in parse.parse_squeue(_load("squeue-22.05.txt"))}
-    js = {j.job_id: j for j in parse.jobs_from_json(_load("squeue-22.05.json"))}
+@pytest.mark.parametrize("version", RELEASES)
+def test_text_formats_agree_with_json(version):
+    text = {j.job_id: j for j in parse.parse_squeue(_load(f"squeue-{version}.txt"))}
+    js = {j.job_id: j for j in parse.jobs_from_json(_load(f"squeue-{version}.json"))}
     for jid in ("7", "8", "9"):
         a, b = text[jid], js[jid]
-        assert (a.phase, a.nodes, a.node_count, a.partition) == (b.phase, b.nodes, b.node_count, b.partition)
+        assert (a.phase, a.nodes, a.node_count, a.partition, a.uid) == (
+            b.phase, b.nodes, b.node_count, b.partition, b.uid)
     assert text["9"].start_s == js["9"].start_s and text["9"].sched_nodes == ("n1", "n2", "n3", "n4")
-    nodes = {n.name: n for n in parse.parse_sinfo(_load("sinfo-22.05.txt"))}
+    nodes = {n.name: n for n in parse.parse_sinfo(_load(f"sinfo-{version}.txt"))}
     assert nodes["n4"].states == {"PLANNED"} and not nodes["n4"].harvestable
+    rec = parse.parse_tag_record("7", _load(f"squeue-tag-{version}.txt"))
+    assert (rec.uid, rec.partition) == (0, "scavenger") and parse.parse_tag(rec.comment).metrics_dir == "/tmp/m"
+
+
+def test_the_daemon_text_reads_print_the_same_on_every_release():
+    """What versions.py says: the -o formats did not change (values aside)."""
+    def shape(text):
+        return [[f if not f.isdigit() else "#" for f in line.split("|")] for line in text.splitlines()]
+    for kind in ("squeue", "squeue-tag", "sinfo"):
+        shapes = {v: shape(_load(f"{kind}-{v}.txt")) for v in RELEASES}
+        assert shapes["24.11"] == shapes["22.05"] == shapes["26.05"], (kind, shapes)
+
+
+@pytest.mark.parametrize("text,want", [
+    ("slurm 22.05.8\n", (22, 5, 8, False, False)), ("slurm 24.11.5\n", (24, 11, 5, True, False)),
+    ("slurm 26.05.5\n", (26, 5, 5, True, True)), ("slurm-wlm 23.02.7\n", (23, 2, 7, True, False))])
+def test_release_and_what_differs(text, want):
+    from malletrain.slurm.versions import parse_release
+    r = parse_release(text)
+    assert (r.major, r.minor, r.micro, r.json_numbers_wrapped, r.run_ids) == want
+    assert r.tested
+    assert r.notes().startswith(f"Slurm {r.text}")
+
+
+def test_release_outside_the_tested_range_is_said_and_garbage_is_an_error():
+    from malletrain.slurm.versions import parse_release
+    assert "untested" in parse_release("slurm 20.11.9").notes()
+    assert "untested" not in parse_release("slurm 24.11.5").notes()
+    with pytest.raises(BackendError, match="Slurm version"):
+        parse_release("sinfo: fatal: Could not establish a configuration source")
 
 
 @pytest.mark.parametrize("state,harvestable", [
@@ -77,11 +117,6 @@ def test_reservations():
     (r,) = parse.parse_reservations(text)
     assert (r.start_s, r.end_s, r.nodes) == (100, 200, ("n1", "n2"))
     assert parse.parse_reservations("No reservations in the system\n") == []
-
-
-def test_tag_record_of_the_fixture():
-    rec = parse.parse_tag_record("7", _load("squeue-tag-22.05.txt"))
-    assert (rec.uid, rec.partition) == (0, "scavenger") and parse.parse_tag(rec.comment).metrics_dir == "/tmp/m"
 
 
 FORGED = "7|7|scavenger|PENDING|JobHeldUser|1||N/A|(null)|1795352834|alice|1001"

@@ -34,7 +34,7 @@ def _config(path: str | None) -> Config:
 def _runner(cfg: Config):
     from malletrain.slurm.runner import Runner
     s: SlurmConfig = cfg.slurm
-    return Runner(slurm_conf=s.slurm_conf or os.environ.get("SLURM_CONF"),
+    return Runner(slurm_conf=s.slurm_conf or os.environ.get("SLURM_CONF"), bin_dir=s.bin_dir or None,
                   timeout_s=s.command_timeout_s, retries=s.retries, backoff_s=s.backoff_s)
 
 

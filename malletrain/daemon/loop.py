@@ -58,7 +58,7 @@ def _recovery_config(dc) -> RecoveryConfig:
 
 def make_runner(cfg: Config) -> Runner:
     s = cfg.slurm
-    return Runner(slurm_conf=s.slurm_conf or None, timeout_s=s.command_timeout_s,
+    return Runner(slurm_conf=s.slurm_conf or None, bin_dir=s.bin_dir or None, timeout_s=s.command_timeout_s,
                   retries=s.retries, backoff_s=s.backoff_s)
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-_EXTRA = ("cycle", "job", "action", "reason", "command", "rc")
+_EXTRA = ("cycle", "job", "action", "reason", "command", "rc", "slurm_release")
 
 
 class JsonFormatter(logging.Formatter):

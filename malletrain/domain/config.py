@@ -119,6 +119,7 @@ class SlurmConfig:
 
     partition: str = "scavenger"    # where malleable jobs live (preemptible)
     slurm_conf: str = ""            # SLURM_CONF for every command; '' = Slurm's default
+    bin_dir: str = ""               # directory of Slurm's commands (squeue, scontrol…); '' = PATH
     command_timeout_s: float = 10.0  # per Slurm command
     retries: int = 3                # read commands: retries with jittered backoff
     backoff_s: float = 0.5          # first retry delay (doubles, ±50% jitter)
@@ -127,6 +128,8 @@ class SlurmConfig:
     def validate(self, where: str = "config") -> SlurmConfig:
         if not self.partition:
             raise ConfigError("must not be empty", path=where, field="partition")
+        if self.bin_dir and not os.path.isabs(self.bin_dir):
+            raise ConfigError("must be an absolute directory (or '' for PATH)", path=where, field="bin_dir")
         for name in ("command_timeout_s", "backoff_s"):
             if not 0 < getattr(self, name) <= MAX_SECONDS:
                 raise ConfigError(f"must be > 0 and <= {MAX_SECONDS:g} s", path=where, field=name)
