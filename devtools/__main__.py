@@ -69,6 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the release (scripts/local-slurm.sh --slurm)")
     cf.add_argument("--out", required=True, help="directory for the fixture files (tests/fixtures/slurm)")
     cf.set_defaults(run=_capture_fixtures)
+    from devtools.bench_scale import __doc__ as scale_doc
+    bs = bsub.add_parser("scale", help="the daemon's steady cycle at a centre-sized queue: >= 1,000 nodes, "
+                                       "20,000 jobs (starts its own local Slurm; root)", description=scale_doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bs.add_argument("--jobs", default="1000,5000,20000", help="queue sizes, comma-separated (default 1000,5000,20000)")
+    bs.add_argument("--cloud-nodes", type=positive(int), default=996,
+                    help="powered-down CLOUD nodes besides the 4 with slurmd (default 996: 1,000 in all)")
+    bs.add_argument("--slurm", default="host", choices=("host", "22.05", "24.11", "26.05"))
+    bs.add_argument("--cycles", type=positive(int), default=20, help="steady cycles measured per size")
+    bs.add_argument("--interval", type=positive(float), default=2.0, help="the daemon's interval_s")
+    bs.add_argument("--dir", default=None, help="cluster directory (default: .local-slurm-bench in the checkout)")
+    bs.add_argument("--port", type=positive(int), default=7917, help="slurmctld port (default 7917)")
+    bs.add_argument("--keep", action="store_true", help="leave the cluster and its queue up")
+    bs.add_argument("--json", action="store_true")
+    bs.set_defaults(run=_bench_scale)
     e = sub.add_parser("example", help="(re)build the shipped example from shared/data")
     e.add_argument("--data", help="shared data directory (default: ../shared/data)")
     e.add_argument("--out", required=True, help="directory for the example files")
@@ -105,6 +120,23 @@ def _capture_fixtures(a: argparse.Namespace) -> int:
     for path in capture(a.slurm, a.out):
         print(path)
     return 0
+
+
+def _bench_scale(a: argparse.Namespace) -> int:
+    import os
+
+    from devtools.bench_scale import ROOT, run
+    try:
+        sizes = [int(x) for x in a.jobs.split(",")]
+    except ValueError:
+        raise MalletrainError(f"--jobs: comma-separated integers, got {a.jobs!r}") from None
+    if not sizes or not all(0 < n <= 200_000 for n in sizes):
+        raise MalletrainError("--jobs: queue sizes between 1 and 200,000")
+    if a.cloud_nodes > 100_000:
+        raise MalletrainError("--cloud-nodes: at most 100,000")
+    return _emit(run(sizes, slurm=a.slurm, cloud_nodes=a.cloud_nodes,
+                     directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
+                     cycles=a.cycles, interval_s=a.interval, keep=a.keep), a.json)
 
 
 def _bench_runtime(a: argparse.Namespace) -> int:

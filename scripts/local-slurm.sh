@@ -4,10 +4,20 @@
 # fake GPUs, a `batch` partition and a preemptible `scavenger` partition
 # (partition-priority preemption, REQUEUE, GraceTime, whole-node allocation).
 #
-#   scripts/local-slurm.sh up [--slurm V] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]
+#   scripts/local-slurm.sh up [--slurm V] [--accounting] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]
+#   scripts/local-slurm.sh add-user NAME [--dir DIR]                 (with --accounting)
+#
+# --cloud-nodes M adds M nodes c[1-M] without slurmd, declared State=CLOUD: Slurm
+# keeps them powered down (idle~) and lists them (PrivateData=cloud) in both
+# partitions; for benchmarks of a centre-sized partition (they never run a job).
 #   scripts/local-slurm.sh status [--dir DIR]                        show daemons and nodes
 #   scripts/local-slurm.sh down [--dir DIR]                          stop everything it started
 #   scripts/local-slurm.sh stop-ctld | start-ctld [--dir DIR]        outage drills (tests)
+#
+# --accounting adds slurmdbd and a private MariaDB (Debian packages), enforces
+# associations and makes the service account `malletrain` (created if missing) a
+# Slurm operator (AdminLevel=Operator), as centres deploy the daemon; `add-user
+# NAME` gives one more user an association.
 #
 # --slurm host (default) runs the host's Slurm packages (Debian 12: 22.05);
 # --slurm 22.05|24.11|26.05 runs that release: the host's if it matches, else
@@ -27,20 +37,26 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CMD="${1:-}"; shift || true
-NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host
+case "$CMD" in -h|--help) set -- --help ;; esac
+NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0
+ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --slurm) SLURM="$2"; shift 2 ;;
+        --accounting) ACCT=1; shift ;;
         --nodes) NODES="$2"; shift 2 ;;
         --grace) GRACE="$2"; shift 2 ;;
         --max-jobs) MAXJOBS="$2"; shift 2 ;;
+        --cloud-nodes) CLOUD="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "local-slurm: unknown option $1 (valid: --slurm V, --nodes N, --grace S, --max-jobs N, --dir DIR)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --dir DIR)" >&2; exit 2 ;;
+        *) ARGS+=("$1"); shift ;;
     esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || { echo "local-slurm: --nodes must be a positive integer" >&2; exit 2; }
 [[ "$GRACE" =~ ^[0-9]+$ ]] || { echo "local-slurm: --grace must be whole seconds" >&2; exit 2; }
+[[ "$CLOUD" =~ ^[0-9]{1,5}$ ]] || { echo "local-slurm: --cloud-nodes must be an integer below 100000" >&2; exit 2; }
 [[ "$MAXJOBS" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "local-slurm: --max-jobs must be a positive integer (< 10^7)" >&2; exit 2; }
 case "$SLURM" in
     host|22.05|24.11|26.05) ;;
@@ -52,6 +68,8 @@ ROOTS="${MALLETRAIN_SLURM_ROOTS:-/var/cache/malletrain/roots}"
 RFS=""       # the Debian root whose Slurm runs this cluster; "" = the host's packages
 CTLD_PORT="${LOCAL_SLURM_PORT:-6817}"
 NODE_PORT0=$((CTLD_PORT + 4))
+DBD_PORT=$((CTLD_PORT + 1)); DB_PORT=$((CTLD_PORT + 2))
+OPERATOR="${MALLETRAIN_OPERATOR:-malletrain}"
 log() { echo "[local-slurm] $*" >&2; }
 
 install_packages() {
@@ -172,6 +190,7 @@ start_munge() {
 }
 
 write_config() {
+    local CLOUD_LIST=""; [ "$CLOUD" -gt 0 ] && CLOUD_LIST=",c[1-$CLOUD]"
     local host; host="$(hostname -s)"
     mkdir -p "$DIR/etc" "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/dev" "$DIR/run"
     for i in 0 1 2 3; do [ -c "$DIR/dev/gpu$i" ] || mknod "$DIR/dev/gpu$i" c 1 3; done
@@ -210,15 +229,27 @@ MaxJobCount=$MAXJOBS
 SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
-AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 NodeName=n[1-$NODES] NodeAddr=127.0.0.1 Port=[$NODE_PORT0-$((NODE_PORT0 + NODES - 1))] CPUs=4 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
-PartitionName=batch     Nodes=n[1-$NODES] Default=YES PriorityTier=10 PreemptMode=OFF     OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP
-PartitionName=scavenger Nodes=n[1-$NODES] Default=NO  PriorityTier=1  PreemptMode=REQUEUE OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP GraceTime=$GRACE
+$( [ "$CLOUD" -gt 0 ] && echo "NodeName=c[1-$CLOUD] CPUs=4 RealMemory=2000 Gres=gpu:4 State=CLOUD" )
+$( [ "$CLOUD" -gt 0 ] && echo "PrivateData=cloud" )
+PartitionName=batch     Nodes=n[1-$NODES]${CLOUD_LIST} Default=YES PriorityTier=10 PreemptMode=OFF     OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP
+PartitionName=scavenger Nodes=n[1-$NODES]${CLOUD_LIST} Default=NO  PriorityTier=1  PreemptMode=REQUEUE OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP GraceTime=$GRACE
 EOF
     cat > "$DIR/etc/gres.conf" <<EOF
 NodeName=n[1-$NODES] Name=gpu File=$DIR/dev/gpu[0-3]
 EOF
+    if [ "$ACCT" = 1 ]; then
+        cat >> "$CONF" <<EOF
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+AccountingStorageEnforce=associations
+EOF
+        write_dbd_config
+    else
+        echo "AccountingStorageType=accounting_storage/none" >> "$CONF"
+    fi
     if [ -n "$RFS" ]; then
         echo "PluginDir=$RFS/usr/lib/x86_64-linux-gnu/slurm-wlm" >> "$CONF"
         echo "CgroupPlugin=disabled" > "$DIR/etc/cgroup.conf"
@@ -226,6 +257,93 @@ EOF
         echo "CgroupPlugin=cgroup/v1" > "$DIR/etc/cgroup.conf"
     fi
     echo "$SHAPE" > "$DIR/shape"
+}
+
+# ---- accounting: a private MariaDB, slurmdbd, associations, the operator account
+install_accounting() {
+    if ! command -v mariadbd >/dev/null || { [ -z "$RFS" ] && ! command -v slurmdbd >/dev/null; }; then
+        log "installing mariadb-server slurmdbd with apt"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server slurmdbd >/dev/null
+    fi
+    if [ -n "$RFS" ] && [ ! -x "$RFS/usr/sbin/slurmdbd" ]; then
+        log "installing slurmdbd in $RFS"
+        chroot "$RFS" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmdbd >/dev/null
+    fi
+    id "$OPERATOR" >/dev/null 2>&1 || useradd --system --home-dir /var/lib/malletrain --shell /usr/sbin/nologin "$OPERATOR"
+}
+
+write_dbd_config() {
+    [ -f "$DIR/etc/db-password" ] || { head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$DIR/etc/db-password"; }
+    chmod 600 "$DIR/etc/db-password"
+    ( umask 077; cat > "$DIR/etc/slurmdbd.conf" <<EOF
+# Written by scripts/local-slurm.sh (mode 600: it holds the database password).
+AuthType=auth/munge
+DbdHost=$(hostname -s)
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$DIR/run/slurmdbd.pid
+LogFile=$DIR/log/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=$(cat "$DIR/etc/db-password")
+StorageLoc=slurm_acct_db
+${RFS:+PluginDir=$RFS/usr/lib/x86_64-linux-gnu/slurm-wlm}
+EOF
+    )
+}
+
+db() { mariadb --no-defaults -S "$DIR/run/mysql.sock" -u root "$@"; }
+
+start_db() {
+    alive "$DIR/run/mariadb.pid" && return
+    mkdir -p "$DIR/mysql" "$DIR/log" "$DIR/run"
+    if [ ! -d "$DIR/mysql/mysql" ]; then
+        mariadb-install-db --no-defaults --datadir="$DIR/mysql" --user=root \
+            --auth-root-authentication-method=socket --skip-test-db >"$DIR/log/mariadb-install.log" 2>&1 \
+            || { log "mariadb-install-db failed; see $DIR/log/mariadb-install.log"; exit 1; }
+    fi
+    setsid mariadbd --no-defaults --datadir="$DIR/mysql" --socket="$DIR/run/mysql.sock" --port="$DB_PORT" \
+        --bind-address=127.0.0.1 --user=root --pid-file="$DIR/run/mariadb.pid" \
+        --log-error="$DIR/log/mariadb.log" --skip-name-resolve </dev/null >/dev/null 2>&1 &
+    for _ in $(seq 100); do db -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.2; done
+    db -e 'SELECT 1' >/dev/null 2>&1 || { log "MariaDB did not come up; see $DIR/log/mariadb.log"; exit 1; }
+    db -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$(cat "$DIR/etc/db-password")';
+           GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+}
+
+start_dbd() {
+    alive "$DIR/run/slurmdbd.pid" || run_daemon slurmdbd
+    for _ in $(seq 100); do sl sacctmgr -n show cluster >/dev/null 2>&1 && return; sleep 0.2; done
+    log "slurmdbd did not come up; see $DIR/log/slurmdbd.log"; tail -5 "$DIR/log/slurmdbd.log" >&2; exit 1
+}
+
+# The cluster, one account, root and every login user (uid 1000-59999) with an
+# association, and the service account as an operator.
+associations() {
+    sl sacctmgr -i -n show cluster format=cluster | grep -qw malletrain || sl sacctmgr -i add cluster malletrain >/dev/null
+    sl sacctmgr -i -n show account format=account | grep -qw research \
+        || sl sacctmgr -i add account research Description=local Organization=local >/dev/null
+    local u
+    for u in root $(awk -F: '$3 >= 1000 && $3 < 60000 {print $1}' /etc/passwd); do add_user "$u"; done
+    add_user "$OPERATOR"
+    sl sacctmgr -i modify user "$OPERATOR" set AdminLevel=Operator >/dev/null 2>&1 || true
+}
+
+add_user() {
+    sl sacctmgr -i -n show assoc user="$1" format=user | grep -qw "$1" \
+        || sl sacctmgr -i add user "$1" Account=research >/dev/null
+}
+
+stop_pidfile() {
+    if alive "$1"; then
+        kill "$(cat "$1")" 2>/dev/null || true
+        for _ in $(seq 100); do alive "$1" || break; sleep 0.1; done
+        alive "$1" && kill -9 "$(cat "$1")" 2>/dev/null || true
+    fi
 }
 
 ctld_up() { alive "$DIR/run/slurmctld.pid" && [ -x "$BIN/scontrol" ] && SLURM_CONF="$CONF" timeout 10 "$BIN/scontrol" ping 2>/dev/null | grep -q UP; }
@@ -273,6 +391,8 @@ down() {
         [ -f "$pid" ] && alive "$pid" && kill "$(cat "$pid")" 2>/dev/null || true
     done
     stop_ctld
+    stop_pidfile "$DIR/run/slurmdbd.pid"
+    stop_pidfile "$DIR/run/mariadb.pid"
     sleep 0.3
     for pid in "$DIR"/run/slurmd-*.pid; do
         [ -f "$pid" ] && alive "$pid" && kill -9 "$(cat "$pid")" 2>/dev/null || true
@@ -308,20 +428,23 @@ status() {
 case "$CMD" in
     up)
         install_packages
+        [ "$ACCT" = 1 ] && install_accounting      # before resolve_slurm copies /etc/passwd
         resolve_slurm
         mkdir -p "$DIR"
-        SHAPE="$NODES $GRACE $MAXJOBS $SLURM"
+        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD"
         if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$SHAPE" ]; then
             log "shape changed ($(cat "$DIR/shape") -> $SHAPE): restarting from a clean state"
             down; rm -rf "$DIR/state" "$DIR/spool"
         fi
         if ! ctld_up; then
             down 2>/dev/null || true
-            rm -rf "$DIR/state" "$DIR/spool"
+            rm -rf "$DIR/state" "$DIR/spool" "$DIR/mysql"
+            mkdir -p "$DIR/etc"
             write_config
             write_bin
         fi
         start_munge
+        if [ "$ACCT" = 1 ]; then start_db; start_dbd; associations; fi
         start_ctld
         start_nodes "$NODES"
         log "up: Slurm $(sl sinfo --version | awk '{print $2}'), $NODES nodes, GraceTime=${GRACE}s, logs in $DIR/log"
@@ -330,7 +453,13 @@ case "$CMD" in
         ;;
     down) known_slurm; down; log "down" ;;
     status) known_slurm; status ;;
+    add-user)
+        known_slurm
+        [ "${#ARGS[@]}" = 1 ] || { echo "usage: $0 add-user NAME [--dir DIR]" >&2; exit 2; }
+        [ "$(awk '{print $5}' "$DIR/shape" 2>/dev/null)" = 1 ] || { log "add-user: this cluster runs without --accounting"; exit 2; }
+        [ -z "$RFS" ] || cp /etc/passwd /etc/group "$RFS/etc/"
+        add_user "${ARGS[0]}" ;;
     stop-ctld) known_slurm; stop_ctld ;;
     start-ctld) known_slurm; start_ctld ;;
-    *) echo "usage: $0 up|down|status|stop-ctld|start-ctld [--slurm V] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|status|add-user NAME|stop-ctld|start-ctld [--slurm V] [--accounting] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]" >&2; exit 2 ;;
 esac

@@ -53,6 +53,7 @@ class CommandStats:
     total_reads: int = 0
     total_writes: int = 0
     total_failures: int = 0
+    total_read_bytes: int = 0       # what read commands printed (stdout), in all
 
     def take(self) -> tuple[int, int, list]:
         out = (self.reads, self.writes, self.latencies_s)
@@ -138,6 +139,8 @@ class Runner:
         if proc.returncode != 0:
             self._failed()
             raise SlurmCommandError(argv, proc.returncode, proc.stderr or "")
+        if kind == "read":
+            self.stats.total_read_bytes += len(proc.stdout)
         return proc.stdout
 
     def _failed(self) -> None:

@@ -11,8 +11,15 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def operator_malletrain(tmp_path_factory):
+    """``malletrain`` installed where the operator account can run it (built once per run)."""
+    from live import install_for_operator
+    return install_for_operator(str(tmp_path_factory.mktemp("operator")))
+
+
 @pytest.fixture(scope="module")
-def cluster(request):
+def cluster(request, operator_malletrain):
     """The test cluster (scripts/local-slurm.sh, 4 nodes), up for one test module: the
     host's Slurm, or the release a test names with
     ``@pytest.mark.parametrize("cluster", VERSIONS, indirect=True)``."""
@@ -20,6 +27,7 @@ def cluster(request):
     if os.geteuid() != 0:
         pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
     c = Cluster(getattr(request, "param", "host"))
+    c.operator = operator_malletrain
     c.up()
     c.clean()
     yield c

@@ -21,6 +21,62 @@ VERSIONS = ("host", "24.11", "26.05")
 _PORT_OFFSET = {"host": 0, "22.05": 20, "24.11": 40, "26.05": 60}
 GRACE_S = 10
 TEST_USERS = ("mt-alice", "mt-mallory")     # created by the hostile-user tests
+OPERATOR = "malletrain"     # the service account: a Slurm operator (slurmdbd), never root
+
+
+def share(path) -> str:
+    """Let other accounts reach ``path``: o+x on every directory above it (the test's
+    temporary directories are 0700), o+rx on it when it is a directory."""
+    path = os.path.abspath(str(path))
+    if os.path.isdir(path):
+        os.chmod(path, os.stat(path).st_mode | 0o005)
+    p = os.path.dirname(path)
+    while p != "/":
+        os.chmod(p, os.stat(p).st_mode | 0o001)
+        p = os.path.dirname(p)
+    return path
+
+
+def _run(argv, **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=kw.pop("timeout", 900), **kw)
+    assert out.returncode == 0, f"{' '.join(map(str, argv))}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def build_wheel(where) -> str:
+    """A wheel built from a copy of the checkout's files (tracked and not ignored): no stale
+    build/ and nothing written into the checkout."""
+    import shutil
+    src = os.path.join(str(where), "src", "malletrain")
+    files = _run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+                 ).stdout.split("\0")
+    for f in filter(None, files):
+        if os.path.isfile(os.path.join(ROOT, f)):
+            os.makedirs(os.path.dirname(os.path.join(src, f)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(src, f))
+    out = os.path.join(str(where), "wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, src])
+    (whl,) = [f for f in os.listdir(out) if f.endswith(".whl")]
+    return os.path.join(out, whl)
+
+
+def install(wheel: str, venv) -> list[str]:
+    """A fresh venv with only the wheel and its dependencies, of a Python every account can run
+    (the system's /usr/bin/python3 where there is one: this checkout's interpreter may live
+    under /root), reachable by the operator account.  Returns the ``malletrain`` argv."""
+    py = "/usr/bin/python3"
+    if not (os.path.exists(py) and os.stat(os.path.realpath(py)).st_mode & 0o001):
+        py = sys.executable
+    _run([py, "-m", "venv", str(venv)])
+    _run([os.path.join(str(venv), "bin", "python"), "-m", "pip", "install", "-q", wheel])
+    share(venv)
+    return [os.path.join(str(venv), "bin", "malletrain")]
+
+
+def install_for_operator(where) -> list[str]:
+    """The daemon as a centre installs it (a wheel in a venv, never this checkout), where the
+    operator account can run it.  Returns the ``malletrain`` argv."""
+    return install(build_wheel(where), os.path.join(str(where), "venv"))
 
 
 def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):
@@ -42,6 +98,7 @@ class Cluster:
         self.conf: str | None = None
         self.bin: str | None = None
         self.release = ""      # what sinfo --version says, e.g. "24.11.5"
+        self.operator: list[str] | None = None   # the daemon's argv as the operator (conftest)
 
     @property
     def job_python(self) -> str:
@@ -57,13 +114,19 @@ class Cluster:
         return out.stdout
 
     def up(self) -> None:
-        out = self.script("up", "--slurm", self.version, "--nodes", "4", "--grace", str(GRACE_S))
+        out = self.script("up", "--slurm", self.version, "--accounting", "--nodes", "4", "--grace", str(GRACE_S))
         said = dict(x.split("=", 1) for x in out.splitlines() if x.startswith(("SLURM_CONF=", "SLURM_BIN=")))
         self.conf, self.bin = said["SLURM_CONF"], said["SLURM_BIN"]
         self.env["SLURM_CONF"] = self.conf
         self.env["SLURM_TIME_FORMAT"] = "%s"
         self.env["PATH"] = f"{self.bin}:{os.environ['PATH']}"
         self.release = self.sh("sinfo", "--version").split()[-1]
+        share(os.path.join(self.dir, "bin"))    # the operator account runs these commands
+        share(self.conf)
+
+    def add_user(self, name: str) -> None:
+        """An association for a user created after the cluster came up."""
+        self.script("add-user", name)
 
     def runner(self, **kw):
         """A Runner on this cluster's own client commands."""
@@ -127,12 +190,14 @@ class Cluster:
 
 
 class DaemonProc:
-    """``malletrain daemon`` as a subprocess, as systemd would run it."""
+    """``malletrain daemon`` as a subprocess, as systemd would run it: as the unprivileged
+    operator account, from an installed copy (the cluster's, or ``malletrain``)."""
 
     def __init__(self, tmp, cluster: Cluster, *, interval_s=2.0, vacate_lead_s=60.0,
                  name="daemon", extra: dict | None = None, env: dict | None = None,
                  malletrain: list[str] | None = None) -> None:
-        self.argv = malletrain            # an installed copy's argv prefix; None: this checkout
+        self.argv = malletrain or cluster.operator
+        assert self.argv, "the cluster fixture installs the daemon for the operator account"
         self.extra_env = env or {}
         self.tmp, self.cluster = tmp, cluster
         self.state_dir = tmp / "state"
@@ -149,18 +214,32 @@ class DaemonProc:
         import yaml
         self.config.write_text(yaml.safe_dump(cfg))
         self.proc = None
+        import pwd
+        op = pwd.getpwnam(OPERATOR)
+        self.state_dir.mkdir(exist_ok=True)
+        os.chown(self.state_dir, op.pw_uid, op.pw_gid)
+        share(tmp)
+        os.chmod(self.config, 0o644)
 
     def start(self) -> DaemonProc:
         self.log = open(self.log_path, "a")
-        installed = self.argv is not None
-        env = dict(self.cluster.env, **self.extra_env)
-        if not installed:
-            env["PYTHONPATH"] = ROOT
-        self.proc = subprocess.Popen([*(self.argv or [sys.executable, "-m", "malletrain"]), "daemon",
-                                      "--config", str(self.config)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env,
-                                     cwd=str(self.tmp) if installed else None)
+        env = dict(self.cluster.env, **self.extra_env, HOME=str(self.state_dir))
+        env.pop("PYTHONPATH", None)
+        # setpriv execs (no child left behind by a signal to a wrapper): kill -9 hits the daemon
+        self.proc = subprocess.Popen(["setpriv", f"--reuid={OPERATOR}", f"--regid={OPERATOR}", "--init-groups",
+                                      "--", *self.argv, "daemon", "--config", str(self.config)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=str(self.state_dir))
         return self
+
+    def uid(self) -> int:
+        """The real uid the daemon process runs as (once setpriv has exec'd it)."""
+        def cmdline() -> bytes:
+            with open(f"/proc/{self.proc.pid}/cmdline", "rb") as fh:
+                return fh.read()
+        wait_until(lambda: b"daemon" in cmdline() and not cmdline().startswith(b"setpriv"), 30,
+                   "the daemon to start")
+        with open(f"/proc/{self.proc.pid}/status") as fh:
+            return int(next(x for x in fh if x.startswith("Uid:")).split()[1])
 
     def lines(self) -> list[dict]:
         out = []

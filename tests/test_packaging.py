@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import pathlib
 import subprocess
 import sys
 import zipfile
@@ -30,26 +30,15 @@ def run(argv, **kw):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """Built from a copy of the tracked files: no stale build/ and nothing written here."""
-    src = tmp_path_factory.mktemp("src") / "malletrain"
-    files = run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-                ).stdout.split("\0")
-    for f in filter(None, files):
-        if os.path.isfile(os.path.join(ROOT, f)):
-            os.makedirs(os.path.dirname(src / f), exist_ok=True)
-            shutil.copy2(os.path.join(ROOT, f), src / f)
-    d = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(d), str(src)])
-    (path,) = [p for p in d.iterdir() if p.suffix == ".whl"]
-    return path
+    from live import build_wheel
+    return pathlib.Path(build_wheel(tmp_path_factory.mktemp("build")))
 
 
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory):
     """``malletrain`` argv of a fresh venv with only the wheel and its dependencies."""
-    venv = tmp_path_factory.mktemp("venv") / "v"
-    run([sys.executable, "-m", "venv", str(venv)])
-    run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)])
-    return [str(venv / "bin" / "malletrain")]
+    from live import install
+    return install(str(wheel), tmp_path_factory.mktemp("venv") / "v")
 
 
 def test_the_wheel_installs_one_import_name_with_its_data(wheel):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
 
 import pytest
-from live import GRACE_S, VERSIONS, DaemonProc, metrics_records, wait_until
+from live import GRACE_S, OPERATOR, VERSIONS, DaemonProc, metrics_records, wait_until
 
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import Action, ActionKind, ReasonCode
@@ -148,6 +149,7 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
     b = cluster.submit_synth(tmp_path, "b", alpha=0.3)
     d = DaemonProc(tmp_path, cluster).start()
     try:
+        assert d.uid() == pwd.getpwnam(OPERATOR).pw_uid != 0   # the service account, never root
         wait_until(lambda: len(_running_nodes(cluster)) == 2 and
                    sum(len(metrics_records(tmp_path, j)) for j in (a, b)) > 20, 90,
                    "both jobs running and reporting")
@@ -317,6 +319,7 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
     sock_path = str(tmp_path / "notify.sock")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     srv.bind(sock_path)
+    os.chmod(sock_path, 0o666)          # the daemon runs as the operator account
     srv.settimeout(30)
     d = DaemonProc(tmp_path, clean, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "6000000"}).start()
     try:

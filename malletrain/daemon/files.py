@@ -29,7 +29,10 @@ class Refused(Exception):
     """The file is not one the job's owner could read (or not a plain file)."""
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Directories are walked with O_PATH: entering one needs search (x) permission only, as for
+# the owner, so an unprivileged daemon reads files below 0711 homes (read on a directory
+# would let it list them, which it never needs).
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
