@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--interval", type=positive(float), default=2.0, help="the daemon's interval_s")
     bs.add_argument("--dir", default=None, help="cluster directory (default: .local-slurm-bench in the checkout)")
     bs.add_argument("--port", type=positive(int), default=7917, help="slurmctld port (default 7917)")
+    bs.add_argument("--rest", action="store_true",
+                    help="also run slurmrestd (JWT) and time its GET jobs against the daemon's queue read")
     bs.add_argument("--keep", action="store_true", help="leave the cluster and its queue up")
     bs.add_argument("--json", action="store_true")
     bs.set_defaults(run=_bench_scale)
@@ -136,7 +138,7 @@ def _bench_scale(a: argparse.Namespace) -> int:
         raise MalletrainError("--cloud-nodes: at most 100,000")
     return _emit(run(sizes, slurm=a.slurm, cloud_nodes=a.cloud_nodes,
                      directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
-                     cycles=a.cycles, interval_s=a.interval, keep=a.keep), a.json)
+                     cycles=a.cycles, interval_s=a.interval, keep=a.keep, rest=a.rest), a.json)
 
 
 def _bench_runtime(a: argparse.Namespace) -> int:

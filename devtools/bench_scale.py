@@ -18,6 +18,10 @@ the benchmark reports per steady cycle:
 * slurmctld's own account from ``sdiag`` (deltas over the steady cycles): RPCs it served and
   the server time they took, and that time as a share of the daemon's interval.
 
+With ``--rest``, slurmrestd (JWT) runs beside slurmctld and, at each size, the daemon's queue read
+(``squeue -o``, Slurm-written fields) is timed against ``GET /slurm/<version>/jobs`` — the read a
+slurmrestd backend would make — and the JSON parse of its answer (median of 3 each).
+
 Run from a checkout as root: ``python -m devtools bench scale`` (``benchmarks/scale.sh``).
 """
 from __future__ import annotations
@@ -45,8 +49,10 @@ _RPC = re.compile(r"^\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+tota
 
 
 class ScaleCluster:
-    def __init__(self, directory: str, port: int, *, slurm: str, cloud_nodes: int, max_jobs: int) -> None:
+    def __init__(self, directory: str, port: int, *, slurm: str, cloud_nodes: int, max_jobs: int,
+                 rest_port: int = 0) -> None:
         self.dir, self.slurm, self.cloud, self.max_jobs = directory, slurm, cloud_nodes, max_jobs
+        self.rest_port = rest_port
         self.env = dict(os.environ, LOCAL_SLURM_PORT=str(port), SLURM_TIME_FORMAT="%s", LC_ALL="C")
         self.conf = self.bin = ""
 
@@ -59,7 +65,7 @@ class ScaleCluster:
 
     def up(self) -> None:
         out = self.script("up", "--slurm", self.slurm, "--nodes", "4", "--cloud-nodes", str(self.cloud),
-                          "--max-jobs", str(self.max_jobs))
+                          "--max-jobs", str(self.max_jobs), "--rest", str(self.rest_port))
         said = dict(x.split("=", 1) for x in out.splitlines() if x.startswith(("SLURM_CONF=", "SLURM_BIN=")))
         self.conf, self.bin = said["SLURM_CONF"], said["SLURM_BIN"]
         self.env["SLURM_CONF"] = self.conf
@@ -191,6 +197,37 @@ def measure(cluster: ScaleCluster, work: str, cycles: int, interval_s: float) ->
                 rpc_types={k: dict(count=c, total_ms=t / 1000) for k, (c, t) in sorted(rpcs.items())})
 
 
+def rest_vs_cli(cluster: ScaleCluster, repeat: int = 3) -> dict[str, Any]:
+    """The daemon's text queue read against slurmrestd's ``GET jobs`` (JWT) and its JSON parse."""
+    import json
+    import statistics
+    import urllib.request
+
+    from malletrain.slurm.parse import SQUEUE_FORMAT
+    token = cluster.run("scontrol", "token", "username=root", "lifespan=3600").stdout.strip().split("=", 1)[1]
+    major_minor = cluster.run("sinfo", "--version").stdout.split()[-1]
+    parser = {"24.11": "v0.0.42", "26.05": "v0.0.45"}.get(".".join(major_minor.split(".")[:2]), "v0.0.38")
+    url = f"http://127.0.0.1:{cluster.rest_port}/slurm/{parser}/jobs"
+    text_s, rest_s, parse_s, text_b, rest_b = [], [], [], 0, 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = cluster.run("squeue", "-h", "-a", "-o", SQUEUE_FORMAT)
+        text_s.append(time.perf_counter() - t0)
+        text_b = len(out.stdout.encode())
+        req = urllib.request.Request(url, headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            body = resp.read()
+        rest_s.append(time.perf_counter() - t0)
+        rest_b = len(body)
+        t0 = time.perf_counter()
+        n = len(json.loads(body)["jobs"])
+        parse_s.append(time.perf_counter() - t0)
+    return dict(text_ms=1000 * statistics.median(text_s), text_mb=text_b / 1e6,
+                rest_ms=1000 * statistics.median(rest_s), rest_mb=rest_b / 1e6,
+                rest_parse_ms=1000 * statistics.median(parse_s), rest_jobs=n, rest_path=url.split("/", 3)[3])
+
+
 def _occupy(cluster: ScaleCluster) -> None:
     """A primary job on the 4 real nodes for the whole benchmark: a busy centre, where the daemon
     reads everything each cycle and has nothing to change (steady cycles)."""
@@ -207,9 +244,10 @@ def _occupy(cluster: ScaleCluster) -> None:
 
 
 def run(jobs: list[int], *, slurm: str, cloud_nodes: int, directory: str, port: int, cycles: int,
-        interval_s: float, keep: bool) -> Report:
+        interval_s: float, keep: bool, rest: bool = False) -> Report:
     _ensure_users()
-    cluster = ScaleCluster(directory, port, slurm=slurm, cloud_nodes=cloud_nodes, max_jobs=max(jobs) + 10_000)
+    cluster = ScaleCluster(directory, port, slurm=slurm, cloud_nodes=cloud_nodes, max_jobs=max(jobs) + 10_000,
+                           rest_port=port + 50 if rest else 0)
     cluster.up()
     work = tempfile.mkdtemp(prefix="malletrain-scale-")
     os.chmod(work, 0o755)
@@ -224,7 +262,10 @@ def run(jobs: list[int], *, slurm: str, cloud_nodes: int, directory: str, port: 
         for n in sorted(jobs):
             nxt = fill(cluster, n, work, nxt)
             queued = cluster.count()
-            rows.append(dict(jobs=queued, **measure(cluster, work, cycles, interval_s)))
+            row = dict(jobs=queued, **measure(cluster, work, cycles, interval_s))
+            if rest:
+                row["rest"] = rest_vs_cli(cluster)
+            rows.append(row)
     finally:
         if not keep:
             for user in USERS:
@@ -232,18 +273,35 @@ def run(jobs: list[int], *, slurm: str, cloud_nodes: int, directory: str, port: 
             cluster.script("down")
             shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-    lines = [f"centre-sized queue on a real slurmctld (Slurm {version}): {nodes} nodes in the harvest "
-             f"partition (4 with slurmd, {cloud_nodes} CLOUD, powered down), held jobs of {len(USERS)} users "
-             f"in 2 partitions, 10% tagged malleable; {cycles} steady daemon cycles per size, "
-             f"interval {interval_s:g} s",
-             f"{'jobs':>7} | {'cycle p50':>9} | {'cycle p95':>9} | {'reads':>5} | {'MB read':>7} | "
-             f"{'ctld RPCs':>9} | {'ctld ms':>7} | {'ctld share':>10} | adoption",
-             ]
-    for r in rows:
-        lines.append(f"{r['jobs']:>7,} | {r['cycle_ms_p50']:6.0f} ms | {r['cycle_ms_p95']:6.0f} ms | "
-                     f"{r['reads_max']:>5} | {r['read_mb_mean']:7.2f} | {r['ctld_rpcs_per_cycle']:9.1f} | "
-                     f"{r['ctld_ms_per_cycle']:7.1f} | {100 * r['ctld_share_of_interval']:9.2f}% | "
-                     f"{r['adoption_cycles']} cycles")
-    lines.append("target: steady cycle <= 1 s and <= 3 read commands at 20,000 jobs")
-    return Report(dict(slurm=version, nodes=nodes, cloud_nodes=cloud_nodes, interval_s=interval_s,
-                       rows=rows), lines)
+    data = dict(slurm=version, nodes=nodes, cloud_nodes=cloud_nodes, interval_s=interval_s, cycles=cycles,
+                users=len(USERS), rows=rows)
+    return Report(data, lines(data))
+
+
+def lines(data: dict[str, Any]) -> list[str]:
+    """The table a person reads (also from a saved ``--json`` report)."""
+    out = [f"centre-sized queue on a real slurmctld (Slurm {data['slurm']}): {data['nodes']} nodes in the "
+           f"harvest partition (4 with slurmd, busy with a primary job; {data['cloud_nodes']} CLOUD, powered "
+           f"down), held jobs of {data['users']} users in 2 partitions, 10% tagged malleable; "
+           f"{data['cycles']} steady daemon cycles per size, interval {data['interval_s']:g} s",
+           f"{'jobs':>7} | {'cycle p50':>9} | {'cycle p95':>9} | {'reads':>5} | {'MB read':>7} | "
+           f"{'ctld RPCs':>9} | {'ctld ms':>7} | {'ctld share':>10} | adoption"]
+    for r in data["rows"]:
+        out.append(f"{r['jobs']:>7,} | {r['cycle_ms_p50']:6.0f} ms | {r['cycle_ms_p95']:6.0f} ms | "
+                   f"{r['reads_max']:>5} | {r['read_mb_mean']:7.2f} | {r['ctld_rpcs_per_cycle']:9.1f} | "
+                   f"{r['ctld_ms_per_cycle']:7.1f} | {100 * r['ctld_share_of_interval']:9.2f}% | "
+                   f"{r['adoption_cycles']} cycles")
+    out.append("per steady cycle; reads = the daemon's Slurm read commands (max), ctld = slurmctld's own "
+               "count and time of the RPCs it served (sdiag)")
+    out.append("target: steady cycle <= 1 s and <= 3 read commands at 20,000 jobs")
+    rest = [r for r in data["rows"] if "rest" in r]
+    if rest:
+        out.append(f"queue read: the daemon's squeue text vs slurmrestd GET /{rest[0]['rest']['rest_path']} "
+                   "(JWT), median of 3")
+        out.append(f"{'jobs':>7} | {'squeue text':>18} | {'slurmrestd':>18} | {'+ json parse':>12} | {'ratio':>6}")
+        for r in rest:
+            x = r["rest"]
+            out.append(f"{r['jobs']:>7,} | {x['text_ms']:6.0f} ms {x['text_mb']:5.2f} MB | {x['rest_ms']:6.0f} ms "
+                       f"{x['rest_mb']:5.1f} MB | {x['rest_parse_ms']:9.0f} ms | "
+                       f"{(x['rest_ms'] + x['rest_parse_ms']) / x['text_ms']:5.1f}x")
+    return out

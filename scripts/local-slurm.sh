@@ -7,6 +7,9 @@
 #   scripts/local-slurm.sh up [--slurm V] [--accounting] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]
 #   scripts/local-slurm.sh add-user NAME [--dir DIR]                 (with --accounting)
 #
+# --rest PORT adds JWT authentication (AuthAltTypes=auth/jwt, a key in DIR/etc) and
+# runs slurmrestd as `nobody` on 127.0.0.1:PORT; `scontrol token` gives a token.
+#
 # --cloud-nodes M adds M nodes c[1-M] without slurmd, declared State=CLOUD: Slurm
 # keeps them powered down (idle~) and lists them (PrivateData=cloud) in both
 # partitions; for benchmarks of a centre-sized partition (they never run a job).
@@ -38,7 +41,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CMD="${1:-}"; shift || true
 case "$CMD" in -h|--help) set -- --help ;; esac
-NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0
+NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0; REST=0
 ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -48,14 +51,16 @@ while [ $# -gt 0 ]; do
         --grace) GRACE="$2"; shift 2 ;;
         --max-jobs) MAXJOBS="$2"; shift 2 ;;
         --cloud-nodes) CLOUD="$2"; shift 2 ;;
+        --rest) REST="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
         -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --dir DIR)" >&2; exit 2 ;;
+        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --dir DIR, --cloud-nodes M, --rest PORT)" >&2; exit 2 ;;
         *) ARGS+=("$1"); shift ;;
     esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || { echo "local-slurm: --nodes must be a positive integer" >&2; exit 2; }
 [[ "$GRACE" =~ ^[0-9]+$ ]] || { echo "local-slurm: --grace must be whole seconds" >&2; exit 2; }
+[[ "$REST" =~ ^[0-9]{1,5}$ ]] || { echo "local-slurm: --rest must be a TCP port (0 = no slurmrestd)" >&2; exit 2; }
 [[ "$CLOUD" =~ ^[0-9]{1,5}$ ]] || { echo "local-slurm: --cloud-nodes must be an integer below 100000" >&2; exit 2; }
 [[ "$MAXJOBS" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "local-slurm: --max-jobs must be a positive integer (< 10^7)" >&2; exit 2; }
 case "$SLURM" in
@@ -133,7 +138,7 @@ run_daemon() {
         mkdir -p "$R/run/munge"; mount --bind /run/munge "$R/run/munge"
         while [ "$1" != -- ]; do mkdir -p "$R$1"; mount --rbind "$1" "$R$1"; shift; done; shift
         exec chroot "$R" "$@"' _ "$RFS" /tmp /home "$ROOT" "$DIR" -- \
-        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$CONF" "$@"
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$CONF" ${SLURM_JWT:+SLURM_JWT=$SLURM_JWT} "$@"
 }
 
 # DIR/bin: this cluster's client commands, for this script, the tests and any user.
@@ -250,6 +255,11 @@ EOF
     else
         echo "AccountingStorageType=accounting_storage/none" >> "$CONF"
     fi
+    if [ "$REST" -gt 0 ]; then
+        [ -f "$DIR/etc/jwt.key" ] || { dd if=/dev/urandom of="$DIR/etc/jwt.key" bs=32 count=1 2>/dev/null; }
+        chmod 600 "$DIR/etc/jwt.key"
+        printf 'AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key=%s\n' "$DIR/etc/jwt.key" >> "$CONF"
+    fi
     if [ -n "$RFS" ]; then
         echo "PluginDir=$RFS/usr/lib/x86_64-linux-gnu/slurm-wlm" >> "$CONF"
         echo "CgroupPlugin=disabled" > "$DIR/etc/cgroup.conf"
@@ -346,6 +356,31 @@ stop_pidfile() {
     fi
 }
 
+start_restd() {
+    alive "$DIR/run/slurmrestd.pid" && return
+    local plugins="${RFS:-}/usr/lib/x86_64-linux-gnu/slurm-wlm"
+    if [ ! -x "${RFS:-}/usr/sbin/slurmrestd" ] || [ ! -f "$plugins/auth_jwt.so" ]; then
+        log "installing slurmrestd slurm-wlm-jwt-plugin${RFS:+ in $RFS}"
+        if [ -n "$RFS" ]; then
+            chroot "$RFS" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmrestd slurm-wlm-jwt-plugin >/dev/null
+        else
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmrestd slurm-wlm-jwt-plugin >/dev/null
+        fi
+    fi
+    # slurmrestd runs in the foreground and refuses root: as nobody, detached, its pid kept
+    SLURM_JWT=daemon run_daemon slurmrestd -u nobody -g nogroup -a rest_auth/jwt -s openapi/slurmctld \
+        "127.0.0.1:$REST" </dev/null >>"$DIR/log/slurmrestd.log" 2>&1 &
+    disown
+    for _ in $(seq 50); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$REST") 2>/dev/null; then
+            pgrep -f "^slurmrestd .* 127.0.0.1:$REST\$" | head -1 > "$DIR/run/slurmrestd.pid"
+            return
+        fi
+        sleep 0.2
+    done
+    log "slurmrestd did not come up; see $DIR/log/slurmrestd.log"; exit 1
+}
+
 ctld_up() { alive "$DIR/run/slurmctld.pid" && [ -x "$BIN/scontrol" ] && SLURM_CONF="$CONF" timeout 10 "$BIN/scontrol" ping 2>/dev/null | grep -q UP; }
 
 start_ctld() {
@@ -391,6 +426,7 @@ down() {
         [ -f "$pid" ] && alive "$pid" && kill "$(cat "$pid")" 2>/dev/null || true
     done
     stop_ctld
+    stop_pidfile "$DIR/run/slurmrestd.pid"
     stop_pidfile "$DIR/run/slurmdbd.pid"
     stop_pidfile "$DIR/run/mariadb.pid"
     sleep 0.3
@@ -431,7 +467,7 @@ case "$CMD" in
         [ "$ACCT" = 1 ] && install_accounting      # before resolve_slurm copies /etc/passwd
         resolve_slurm
         mkdir -p "$DIR"
-        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD"
+        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD $REST"
         if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$SHAPE" ]; then
             log "shape changed ($(cat "$DIR/shape") -> $SHAPE): restarting from a clean state"
             down; rm -rf "$DIR/state" "$DIR/spool"
@@ -447,6 +483,7 @@ case "$CMD" in
         if [ "$ACCT" = 1 ]; then start_db; start_dbd; associations; fi
         start_ctld
         start_nodes "$NODES"
+        [ "$REST" -gt 0 ] && start_restd
         log "up: Slurm $(sl sinfo --version | awk '{print $2}'), $NODES nodes, GraceTime=${GRACE}s, logs in $DIR/log"
         echo "SLURM_CONF=$CONF"
         echo "SLURM_BIN=$BIN"

@@ -106,3 +106,29 @@ def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
                  str(tmp_path / "w.yaml"), "--policies", "malletrain,oracle,static", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["policy"] for r in rows] == ["malletrain", "oracle", "static"]
+
+
+def test_scale_bench_reads_sdiag_and_renders_its_table():
+    """sdiag's by-message-type section (format as slurmctld prints it); the by-user section is not counted."""
+    from devtools import bench_scale
+    sdiag = ("Server thread count:  1\n"
+             "Remote Procedure Call statistics by message type\n"
+             "\tREQUEST_PARTITION_INFO                  ( 2009) count:40     ave_time:123    total_time:4920\n"
+             "\tREQUEST_JOB_INFO                        ( 2003) count:20     ave_time:2400   total_time:48000\n"
+             "\n"
+             "Remote Procedure Call statistics by user\n"
+             "\troot            (       0) count:80     ave_time:1000   total_time:80000\n")
+
+    class Fake:
+        def run(self, *argv):
+            import subprocess
+            return subprocess.CompletedProcess(argv, 0, sdiag, "")
+    assert bench_scale.sdiag_rpcs(Fake()) == {"REQUEST_PARTITION_INFO": (40, 4920), "REQUEST_JOB_INFO": (20, 48000)}
+    row = dict(jobs=20000, cycle_ms_p50=531.4, cycle_ms_p95=571.3, reads_max=3, read_mb_mean=1.54,
+               ctld_rpcs_per_cycle=4.2, ctld_ms_per_cycle=48.0, ctld_share_of_interval=0.024, adoption_cycles=161,
+               rest=dict(text_ms=162.0, text_mb=1.52, rest_ms=27818.0, rest_mb=153.2, rest_parse_ms=1734.0,
+                         rest_path="slurm/v0.0.42/jobs"))
+    text = "\n".join(bench_scale.lines(dict(slurm="24.11.5", nodes=1000, cloud_nodes=996, interval_s=2.0,
+                                            cycles=20, users=3, rows=[row])))
+    assert " 20,000 |    531 ms |    571 ms |     3 |    1.54 |" in text
+    assert "182.4x" in text and "GET /slurm/v0.0.42/jobs" in text
