@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (fresh Debian 12, as root; a few minutes):
 #  1. installs malletrain (.venv) and Slurm, starts a local 4-node Slurm cluster
-#     (scripts/local-slurm.sh: slurmctld + 4 slurmd, fake GPUs, batch + scavenger);
+#     (scripts/local-slurm.sh --accounting: slurmctld + 4 slurmd, fake GPUs, batch +
+#     scavenger, slurmdbd with the service account `malletrain` as an operator);
 #  2. submits 2 malleable jobs with `malletrain submit` (synthetic training jobs that
 #     checkpoint on SIGTERM and write real progress records) and an HPO campaign of
 #     6 real PyTorch trials (examples/train/hpo-digits.yaml: a CNN on scikit-learn's
 #     digits, srun one process per node, consistency mode);
-#  3. runs `malletrain daemon`, which starts, grows and shrinks them on idle nodes;
+#  3. runs `malletrain daemon` as `malletrain` from a wheel in a venv of the system's
+#     Python (as a centre deploys it), which starts, grows and shrinks them on idle nodes;
 #  4. replays 8 jobs of the ALCF Theta 2022 log, time-compressed, into `batch`;
 #  5. prints a report (nodes harvested, primary-job waits, preemptions, rescales)
 #     `malletrain status` and `malletrain campaign status`; leaves the cluster down
@@ -21,7 +23,7 @@ source "$ROOT/scripts/env.sh" train
 cd "$ROOT"
 OUT="${OUT:-$ROOT/out/demo-slurm}"
 rm -rf "$OUT"; mkdir -p "$OUT/metrics"
-eval "$(bash scripts/local-slurm.sh up --nodes 4 --grace 10 | grep '^SLURM_CONF=' | sed 's/^/export /')"
+eval "$(bash scripts/local-slurm.sh up --accounting --nodes 4 --grace 10 | grep '^SLURM_CONF=' | sed 's/^/export /')"
 echo "[demo] cluster up: $SLURM_CONF"
 scancel --quiet -u "$(id -un)" 2>/dev/null || true
 
@@ -40,6 +42,18 @@ daemon:
 EOF
 malletrain config check "$OUT/config.yaml"
 
+# The daemon runs as a centre runs it: the unprivileged `malletrain` account (a Slurm operator,
+# set up by --accounting) from a wheel in a venv of the system's Python, never from this checkout.
+OPV="$OUT/operator"
+mkdir -p "$OPV/src"    # built from a copy: no build/ left in (or reused from) the checkout
+tar -C "$ROOT" --exclude=./.git --exclude=./.venv --exclude=./out --exclude='./.local-slurm*' --exclude=./build \
+    -cf - . | tar -C "$OPV/src" -xf -
+python -m pip wheel -q --no-deps -w "$OPV/wheel" "$OPV/src" >/dev/null 2>&1
+SYSPY=/usr/bin/python3; [ -x "$SYSPY" ] || SYSPY=python3
+"$SYSPY" -m venv "$OPV/venv" && "$OPV/venv/bin/pip" install -q "$OPV"/wheel/malletrain-*.whl >/dev/null
+mkdir -p "$OUT/state"; chown malletrain:malletrain "$OUT/state"
+chmod -R o+rX "$OUT"
+
 export MALLETRAIN_METRICS_DIR="$OUT/metrics"
 for spec in "resnet 0.05 1 4" "bert 0.25 1 4"; do
     set -- $spec
@@ -50,7 +64,8 @@ done
 malletrain campaign submit examples/train/hpo-digits.yaml --dir "$OUT/campaign"
 squeue
 
-malletrain daemon --config "$OUT/config.yaml" > "$OUT/daemon.log" 2>&1 &
+setpriv --reuid=malletrain --regid=malletrain --init-groups -- \
+    "$OPV/venv/bin/malletrain" daemon --config "$OUT/config.yaml" > "$OUT/daemon.log" 2>&1 &
 DAEMON=$!
 trap 'kill $DAEMON 2>/dev/null || true' EXIT
 echo "[demo] daemon pid $DAEMON; harvesting the idle cluster for 15 s before primary jobs arrive"

@@ -103,7 +103,7 @@ build_root() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
     rm -rf "$tmp"; mkdir -p "$ROOTS"
     log "building a Debian $suite root for Slurm $SLURM in $RFS (once, about a minute)"
-    if ! debootstrap --variant=minbase --include=slurmctld,slurmd,slurm-client,slurmrestd,munge,python3 \
+    if ! debootstrap --variant=minbase --include=slurmctld,slurmd,slurm-client,slurmdbd,slurmrestd,slurm-wlm-jwt-plugin,munge,python3 \
             "$suite" "$tmp" "${MALLETRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$ROOTS/$suite.log" 2>&1; then
         log "debootstrap $suite failed; see $ROOTS/$suite.log"; tail -5 "$ROOTS/$suite.log" >&2; rm -rf "$tmp"; exit 1
     fi
