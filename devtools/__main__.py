@@ -103,16 +103,23 @@ def _bench_jpa(a: argparse.Namespace) -> int:
     return _emit(bench_jpa(a.data), a.json)
 
 
+def _queue_sizes(text: str) -> list[int]:
+    """``--jobs 1000,5000,20000`` of the benchmarks that fill a queue."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise MalletrainError(f"--jobs: comma-separated integers, got {text!r}") from None
+    if not sizes or not all(0 < n <= 200_000 for n in sizes):
+        raise MalletrainError("--jobs: queue sizes between 1 and 200,000")
+    return sizes
+
+
 def _bench_queue(a: argparse.Namespace) -> int:
     import os
 
-    from devtools.bench_queue import ROOT, run
-    try:
-        sizes = [int(x) for x in a.jobs.split(",")]
-    except ValueError:
-        raise MalletrainError(f"--jobs: comma-separated integers, got {a.jobs!r}") from None
-    if not sizes or not all(0 < n <= 200_000 for n in sizes):
-        raise MalletrainError("--jobs: queue sizes between 1 and 200,000")
+    from devtools.bench_queue import run
+    from devtools.local_slurm import ROOT
+    sizes = _queue_sizes(a.jobs)
     return _emit(run(sizes, directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
                      repeat=a.repeat, keep=a.keep), a.json)
 
@@ -127,13 +134,9 @@ def _capture_fixtures(a: argparse.Namespace) -> int:
 def _bench_scale(a: argparse.Namespace) -> int:
     import os
 
-    from devtools.bench_scale import ROOT, run
-    try:
-        sizes = [int(x) for x in a.jobs.split(",")]
-    except ValueError:
-        raise MalletrainError(f"--jobs: comma-separated integers, got {a.jobs!r}") from None
-    if not sizes or not all(0 < n <= 200_000 for n in sizes):
-        raise MalletrainError("--jobs: queue sizes between 1 and 200,000")
+    from devtools.bench_scale import run
+    from devtools.local_slurm import ROOT
+    sizes = _queue_sizes(a.jobs)
     if a.cloud_nodes > 100_000:
         raise MalletrainError("--cloud-nodes: at most 100,000")
     return _emit(run(sizes, slurm=a.slurm, cloud_nodes=a.cloud_nodes,

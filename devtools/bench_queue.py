@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,10 +28,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from devtools.local_slurm import LocalSlurm
 from malletrain.bench import Report
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 
 
 @dataclass(frozen=True)
@@ -42,29 +39,13 @@ class Read:
     lines: int
 
 
-class BenchCluster:
+class BenchCluster(LocalSlurm):
     def __init__(self, directory: str, port: int, max_jobs: int) -> None:
-        self.dir, self.port, self.max_jobs = directory, port, max_jobs
-        self.env = dict(os.environ, LOCAL_SLURM_PORT=str(port), SLURM_TIME_FORMAT="%s")
-        self.conf = ""
+        super().__init__(directory, port)
+        self.max_jobs = max_jobs
 
-    def script(self, *args: str) -> str:
-        out = subprocess.run(["bash", SCRIPT, *args, "--dir", self.dir], env=self.env, capture_output=True,
-                             text=True, timeout=600)
-        if out.returncode != 0:
-            raise RuntimeError(f"local-slurm.sh {' '.join(args)}: {out.stderr[-2000:]}")
-        return out.stdout
-
-    def up(self) -> None:
-        out = self.script("up", "--nodes", "4", "--max-jobs", str(self.max_jobs))
-        self.conf = [x for x in out.splitlines() if x.startswith("SLURM_CONF=")][-1].split("=", 1)[1]
-        self.env["SLURM_CONF"] = self.conf
-
-    def run(self, *argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=300)
-
-    def count(self) -> int:
-        return len(self.run("squeue", "-h", "-a", "-o", "%i").stdout.split())
+    def up(self, *args: str) -> None:
+        super().up("--nodes", "4", "--max-jobs", str(self.max_jobs), *args)
 
 
 def _submit(cluster: BenchCluster, i: int, metrics_dir: str) -> None:

@@ -39,37 +39,22 @@ from typing import Any
 
 from tqdm import tqdm
 
+from devtools.bench_queue import BenchCluster
 from malletrain.bench import Report
 from malletrain.domain.stats import percentile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 USERS = ("root", "mt-alice", "mt-mallory")
 _RPC = re.compile(r"^\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)")
 
 
-class ScaleCluster:
+class ScaleCluster(BenchCluster):
     def __init__(self, directory: str, port: int, *, slurm: str, cloud_nodes: int, max_jobs: int,
                  rest_port: int = 0) -> None:
-        self.dir, self.slurm, self.cloud, self.max_jobs = directory, slurm, cloud_nodes, max_jobs
-        self.rest_port = rest_port
-        self.env = dict(os.environ, LOCAL_SLURM_PORT=str(port), SLURM_TIME_FORMAT="%s", LC_ALL="C")
-        self.conf = self.bin = ""
+        super().__init__(directory, port, max_jobs)
+        self.slurm, self.cloud, self.rest_port = slurm, cloud_nodes, rest_port
 
-    def script(self, *args: str) -> str:
-        out = subprocess.run(["bash", SCRIPT, *args, "--dir", self.dir], env=self.env, capture_output=True,
-                             text=True, timeout=900)
-        if out.returncode != 0:
-            raise RuntimeError(f"local-slurm.sh {' '.join(args)}: {out.stderr[-2000:]}")
-        return out.stdout
-
-    def up(self) -> None:
-        out = self.script("up", "--slurm", self.slurm, "--nodes", "4", "--cloud-nodes", str(self.cloud),
-                          "--max-jobs", str(self.max_jobs), "--rest", str(self.rest_port))
-        said = dict(x.split("=", 1) for x in out.splitlines() if x.startswith(("SLURM_CONF=", "SLURM_BIN=")))
-        self.conf, self.bin = said["SLURM_CONF"], said["SLURM_BIN"]
-        self.env["SLURM_CONF"] = self.conf
-        self.env["PATH"] = f"{self.bin}:{os.environ['PATH']}"
+    def up(self, *args: str) -> None:
+        super().up("--slurm", self.slurm, "--cloud-nodes", str(self.cloud), "--rest", str(self.rest_port), *args)
         os.chmod(self.dir, 0o755)
         for p in (self.bin, os.path.dirname(self.conf)):
             os.chmod(p, 0o755)
@@ -80,9 +65,6 @@ class ScaleCluster:
                     f"PATH={self.env['PATH']}", *argv)
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=300,
                               cwd="/tmp")
-
-    def count(self) -> int:
-        return len(self.run("squeue", "-h", "-a", "-o", "%i").stdout.split())
 
 
 def _ensure_users() -> None:
@@ -204,10 +186,12 @@ def rest_vs_cli(cluster: ScaleCluster, repeat: int = 3) -> dict[str, Any]:
     import urllib.request
 
     from malletrain.slurm.parse import SQUEUE_FORMAT
+    from malletrain.slurm.versions import parse_release
     token = cluster.run("scontrol", "token", "username=root", "lifespan=3600").stdout.strip().split("=", 1)[1]
-    major_minor = cluster.run("sinfo", "--version").stdout.split()[-1]
-    parser = {"24.11": "v0.0.42", "26.05": "v0.0.45"}.get(".".join(major_minor.split(".")[:2]), "v0.0.38")
-    url = f"http://127.0.0.1:{cluster.rest_port}/slurm/{parser}/jobs"
+    release = parse_release(cluster.run("sinfo", "--version").stdout)
+    if not release.data_parser:
+        raise RuntimeError(f"no REST API version known for Slurm {release.text} (slurm/versions.py)")
+    url = f"http://127.0.0.1:{cluster.rest_port}/slurm/{release.data_parser}/jobs"
     text_s, rest_s, parse_s, text_b, rest_b = [], [], [], 0, 0
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -18,39 +18,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 
+from devtools.local_slurm import LocalSlurm
 from malletrain.slurm.parse import SINFO_FORMAT, SQUEUE_FORMAT, TAG_FORMAT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 TAG = "malletrain:v1 token=abc min=1 max=4 profile=p up=2 down=1 metrics=/tmp/m"
 PORT = 8217
 
 
-class _Cluster:
+class _Cluster(LocalSlurm):
     def __init__(self, version: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix=f"malletrain-capture-{version}-")
+        super().__init__(tempfile.mkdtemp(prefix=f"malletrain-capture-{version}-"), PORT)
         self.version = version
-        self.env = dict(os.environ, LOCAL_SLURM_PORT=str(PORT), SLURM_TIME_FORMAT="%s", LC_ALL="C")
-
-    def script(self, *args: str) -> str:
-        out = subprocess.run(["bash", SCRIPT, *args, "--dir", self.dir], env=self.env,
-                             capture_output=True, text=True, timeout=600)
-        if out.returncode != 0:
-            raise RuntimeError(f"local-slurm.sh {' '.join(args)}: {out.stderr[-2000:]}")
-        return out.stdout
-
-    def up(self) -> None:
-        said = dict(x.split("=", 1) for x in self.script("up", "--slurm", self.version, "--nodes", "4")
-                    .splitlines() if x.startswith(("SLURM_CONF=", "SLURM_BIN=")))
-        self.env["SLURM_CONF"] = said["SLURM_CONF"]
-        self.env["PATH"] = f"{said['SLURM_BIN']}:{os.environ['PATH']}"
 
     def sh(self, *argv: str) -> str:
-        out = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=60)
+        out = self.run(*argv)
         if out.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {out.stderr.strip()}")
         return out.stdout
@@ -75,7 +59,7 @@ def capture(version: str, out_dir: str) -> list[str]:
     """Build the state on a fresh cluster of ``version`` and write the fixtures; returns the paths."""
     c = _Cluster(version)
     try:
-        c.up()
+        c.up("--slurm", c.version, "--nodes", "4")
         release = c.sh("sinfo", "--version").split()[-1]
         tag = ".".join(release.split(".")[:2])
         sb = ("sbatch", "--parsable", "-o", "/dev/null")

@@ -270,15 +270,17 @@ EOF
 }
 
 # ---- accounting: a private MariaDB, slurmdbd, associations, the operator account
+# Install Debian packages where this cluster's Slurm lives: the root, or the host.
+slurm_apt() {
+    log "installing $*${RFS:+ in $RFS}"
+    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@")
+    if [ -n "$RFS" ]; then chroot "$RFS" "${apt[@]}" >/dev/null; else "${apt[@]}" >/dev/null; fi
+}
+
 install_accounting() {
-    if ! command -v mariadbd >/dev/null || { [ -z "$RFS" ] && ! command -v slurmdbd >/dev/null; }; then
-        log "installing mariadb-server slurmdbd with apt"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server slurmdbd >/dev/null
-    fi
-    if [ -n "$RFS" ] && [ ! -x "$RFS/usr/sbin/slurmdbd" ]; then
-        log "installing slurmdbd in $RFS"
-        chroot "$RFS" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmdbd >/dev/null
-    fi
+    command -v mariadbd >/dev/null || { log "installing mariadb-server with apt"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null; }
+    [ -x "${RFS:-}/usr/sbin/slurmdbd" ] || slurm_apt slurmdbd
     id "$OPERATOR" >/dev/null 2>&1 || useradd --system --home-dir /var/lib/malletrain --shell /usr/sbin/nologin "$OPERATOR"
 }
 
@@ -348,24 +350,20 @@ add_user() {
         || sl sacctmgr -i add user "$1" Account=research >/dev/null
 }
 
+# Stop the daemon a pid file names (read once: daemons remove their pid file as they exit).
 stop_pidfile() {
-    if alive "$1"; then
-        kill "$(cat "$1")" 2>/dev/null || true
-        for _ in $(seq 100); do alive "$1" || break; sleep 0.1; done
-        alive "$1" && kill -9 "$(cat "$1")" 2>/dev/null || true
-    fi
+    local pid
+    pid="$(cat "$1" 2>/dev/null)" || return 0
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
 }
 
 start_restd() {
     alive "$DIR/run/slurmrestd.pid" && return
     local plugins="${RFS:-}/usr/lib/x86_64-linux-gnu/slurm-wlm"
     if [ ! -x "${RFS:-}/usr/sbin/slurmrestd" ] || [ ! -f "$plugins/auth_jwt.so" ]; then
-        log "installing slurmrestd slurm-wlm-jwt-plugin${RFS:+ in $RFS}"
-        if [ -n "$RFS" ]; then
-            chroot "$RFS" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmrestd slurm-wlm-jwt-plugin >/dev/null
-        else
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmrestd slurm-wlm-jwt-plugin >/dev/null
-        fi
+        slurm_apt slurmrestd slurm-wlm-jwt-plugin
     fi
     # slurmrestd runs in the foreground and refuses root: as nobody, detached, its pid kept
     SLURM_JWT=daemon run_daemon slurmrestd -u nobody -g nogroup -a rest_auth/jwt -s openapi/slurmctld \
@@ -390,13 +388,7 @@ start_ctld() {
     log "slurmctld did not come up; see $DIR/log/slurmctld.log"; tail -5 "$DIR/log/slurmctld.log" >&2; exit 1
 }
 
-stop_ctld() {
-    if alive "$DIR/run/slurmctld.pid"; then
-        kill "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null || true
-        for _ in $(seq 100); do alive "$DIR/run/slurmctld.pid" || break; sleep 0.1; done
-        alive "$DIR/run/slurmctld.pid" && kill -9 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null || true
-    fi
-}
+stop_ctld() { stop_pidfile "$DIR/run/slurmctld.pid"; }
 
 start_nodes() {
     local n="$1"

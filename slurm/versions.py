@@ -35,6 +35,7 @@ from malletrain.domain.errors import BackendError
 
 OLDEST_TESTED = (22, 5)
 NEWEST_TESTED = (26, 5)
+_DATA_PARSER = {(22, 5): "v0.0.38", (24, 11): "v0.0.42", (26, 5): "v0.0.45"}   # the table above
 _VERSION = re.compile(r"slurm(?:-wlm)?\s+(\d+)\.(\d+)\.(\d+)")
 
 
@@ -56,9 +57,9 @@ class Release:
         return (self.major, self.minor) >= (23, 2)
 
     @property
-    def sinfo_json_grouped(self) -> bool:
-        """``sinfo --json`` lists (partition, state) groups under ``sinfo`` (23.02 and later)."""
-        return (self.major, self.minor) >= (23, 2)
+    def data_parser(self) -> str:
+        """The JSON/REST API version this release writes (``/slurm/<it>/jobs``); '' if not seen here."""
+        return _DATA_PARSER.get((self.major, self.minor), "")
 
     @property
     def run_ids(self) -> bool:

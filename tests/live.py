@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 
+from devtools.local_slurm import LocalSlurm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 TEST_DIR = os.environ.get("MALLETRAIN_TEST_SLURM_DIR", os.path.join(ROOT, ".local-slurm-test"))
 TEST_PORT = int(os.environ.get("MALLETRAIN_TEST_SLURM_PORT", "7817"))
 # The Slurm releases the live tests meet: the host's packages (Debian 12: 22.05) and the
@@ -89,14 +90,13 @@ def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-class Cluster:
+class Cluster(LocalSlurm):
+    """The test cluster of one Slurm release, with accounting (the daemon is an operator)."""
+
     def __init__(self, version: str = "host") -> None:
         self.version = version
-        self.dir = TEST_DIR if version == "host" else f"{TEST_DIR}-{version}"
-        self.env = dict(os.environ, LOCAL_SLURM_DIR=self.dir,
-                        LOCAL_SLURM_PORT=str(TEST_PORT + _PORT_OFFSET[version]))
-        self.conf: str | None = None
-        self.bin: str | None = None
+        super().__init__(TEST_DIR if version == "host" else f"{TEST_DIR}-{version}",
+                         TEST_PORT + _PORT_OFFSET[version])
         self.release = ""      # what sinfo --version says, e.g. "24.11.5"
         self.operator: list[str] | None = None   # the daemon's argv as the operator (conftest)
 
@@ -106,20 +106,8 @@ class Cluster:
         (stdlib only, PYTHONPATH=this checkout) where slurmd runs chrooted in one."""
         return sys.executable if self.version == "host" else "/usr/bin/python3"
 
-    def script(self, *args: str) -> str:
-        out = subprocess.run(["bash", SCRIPT, *args, "--dir", self.dir], env=self.env,
-                             capture_output=True, text=True, timeout=300)
-        if out.returncode != 0:
-            raise RuntimeError(f"local-slurm.sh {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
-        return out.stdout
-
-    def up(self) -> None:
-        out = self.script("up", "--slurm", self.version, "--accounting", "--nodes", "4", "--grace", str(GRACE_S))
-        said = dict(x.split("=", 1) for x in out.splitlines() if x.startswith(("SLURM_CONF=", "SLURM_BIN=")))
-        self.conf, self.bin = said["SLURM_CONF"], said["SLURM_BIN"]
-        self.env["SLURM_CONF"] = self.conf
-        self.env["SLURM_TIME_FORMAT"] = "%s"
-        self.env["PATH"] = f"{self.bin}:{os.environ['PATH']}"
+    def up(self, *args: str) -> None:
+        super().up("--slurm", self.version, "--accounting", "--nodes", "4", "--grace", str(GRACE_S), *args)
         self.release = self.sh("sinfo", "--version").split()[-1]
         share(os.path.join(self.dir, "bin"))    # the operator account runs these commands
         share(self.conf)

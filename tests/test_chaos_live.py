@@ -26,7 +26,7 @@ import threading
 import time
 
 import pytest
-from live import GRACE_S, ROOT, SCRIPT, TEST_DIR, DaemonProc
+from live import GRACE_S, ROOT, DaemonProc
 
 from malletrain.slurm.parse import expand
 
@@ -162,12 +162,10 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
                     d = DaemonProc(tmp_path, cluster, extra=extra, vacate_lead_s=0).start()
                 if ctld_at and now - t0 >= ctld_at:
                     ctld_at = 0
-                    subprocess.run(["bash", SCRIPT, "stop-ctld", "--dir", TEST_DIR], env=cluster.env,
-                                   check=True, timeout=60)
+                    cluster.script("stop-ctld", timeout_s=60)
                     events.append((now - t0, "slurmctld stopped"))
                     time.sleep(rng.uniform(3, 8))
-                    subprocess.run(["bash", SCRIPT, "start-ctld", "--dir", TEST_DIR], env=cluster.env,
-                                   check=True, timeout=60)
+                    cluster.script("start-ctld", timeout_s=60)
                     events.append((time.time() - t0, "slurmctld started"))
                     continue
                 if now >= next_primary:

@@ -101,6 +101,8 @@ def _contract(cluster, tmp_path, backend):
     backend.observe()
     act(ActionKind.SHRINK, ("n2", "n3", "n4"), ("n3",))
     wait_until(lambda: _running_nodes(cluster).get(job) == "n3", 40, "shrink to n3")
+    # wait for the process too: a stop before it starts leaves no restart-2 record
+    wait_until(lambda: started(1, 2), 30, "the job's process on 1 node after the shrink")
     backend.observe()
     act(ActionKind.STOP, ("n3",), ())
     wait_until(lambda: _ours(cluster)[job]["state"] == "PENDING", 40, "stop (held)")

@@ -82,6 +82,15 @@ def test_release_and_what_differs(text, want):
     assert r.notes().startswith(f"Slurm {r.text}")
 
 
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_api_version_of_each_release_is_what_its_json_says(version):
+    from malletrain.slurm.versions import parse_release
+    data = _load(f"squeue-{version}.json")
+    r = parse_release("slurm " + parse.release(data))
+    plugin = data["meta"]["plugin"]
+    assert r.data_parser and (plugin.get("data_parser") or plugin["type"]).endswith(r.data_parser)
+
+
 def test_release_outside_the_tested_range_is_said_and_garbage_is_an_error():
     from malletrain.slurm.versions import parse_release
     assert "untested" in parse_release("slurm 20.11.9").notes()
