@@ -40,3 +40,35 @@ def clean(cluster):
     cluster.clean()
     yield cluster
     cluster.clean()
+
+
+@pytest.fixture(scope="module")
+def users(cluster):
+    """The unprivileged test users (created if missing, homes 0711), each with an association."""
+    import pwd
+    import subprocess
+
+    from live import TEST_USERS
+    out = {}
+    for name in TEST_USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+        pw = pwd.getpwnam(name)
+        os.chmod(pw.pw_dir, 0o711)          # others may enter, not list (a typical home)
+        cluster.add_user(name)              # an association (AccountingStorageEnforce)
+        out[name] = pw
+    return out
+
+
+@pytest.fixture(scope="module")
+def user_conf(cluster, tmp_path_factory):
+    """The cluster's client config, somewhere every user can read it (the checkout may not be)."""
+    import shutil
+    d = tmp_path_factory.mktemp("slurm-etc")
+    shutil.copy(cluster.conf, d / "slurm.conf")
+    for p in (d, d.parent, d.parent.parent):
+        os.chmod(p, 0o755)
+    os.chmod(d / "slurm.conf", 0o644)
+    return str(d / "slurm.conf")

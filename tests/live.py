@@ -11,6 +11,7 @@ import sys
 import time
 
 from devtools.local_slurm import LocalSlurm
+from malletrain.slurm.submit import build_submission
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_DIR = os.environ.get("MALLETRAIN_TEST_SLURM_DIR", os.path.join(ROOT, ".local-slurm-test"))
@@ -315,3 +316,65 @@ class OpenWatch:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class User:
+    """Commands run as one unprivileged user (runuser), in their home."""
+
+    def __init__(self, pw, conf: str, bin_dir: str = "") -> None:
+        self.pw, self.conf, self.bin_dir = pw, conf, bin_dir     # bin_dir: the cluster's clients
+        self.home = pw.pw_dir
+        self.uid = pw.pw_uid
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        path = f"{self.bin_dir}:{os.environ['PATH']}" if self.bin_dir else os.environ["PATH"]
+        out = subprocess.run(["runuser", "-u", self.pw.pw_name, "--", "env", f"SLURM_CONF={self.conf}",
+                              f"HOME={self.home}", f"PATH={path}", *argv], capture_output=True, text=True, timeout=60,
+                             cwd=self.home)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{argv} as {self.pw.pw_name}: {out.stderr}")
+        return out.stdout
+
+    def write(self, rel: str, text: str | bytes, mode: int = 0o644) -> str:
+        path = os.path.join(self.home, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(text.encode() if isinstance(text, str) else text)
+        os.chmod(path, mode)
+        for p in (path, *self._parents(path)):
+            os.chown(p, self.uid, self.pw.pw_gid)
+        return path
+
+    def mkdir(self, rel: str, mode: int = 0o755) -> str:
+        path = os.path.join(self.home, rel)
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, mode)
+        for p in (path, *self._parents(path)):
+            os.chown(p, self.uid, self.pw.pw_gid)
+        return path
+
+    def _parents(self, path: str):
+        p = os.path.dirname(path)
+        while p.startswith(self.home + "/"):
+            yield p
+            p = os.path.dirname(p)
+
+    def sbatch(self, *args: str) -> str:
+        return self.run("sbatch", "--parsable", *args).strip().split(";")[0]
+
+
+def honest_job(alice: User, name: str, alpha: float) -> str:
+    """A malleable job of this user: the synthetic job (stdlib only) under the shipped template."""
+    synth = alice.write("mt/synthjob.py", open(os.path.join(ROOT, "devtools", "synthjob.py")).read())
+    metrics = alice.mkdir("mt/metrics")
+    token = f"alice{name}"
+    script = os.path.join(alice.home, "mt", f"{name}.sbatch")
+    argv, text = build_submission(
+        ["/usr/bin/python3", synth, "--work", "1e9", "--rate", "100", "--alpha", str(alpha),
+         "--checkpoint", os.path.join(alice.home, "mt", f"{name}.ckpt"), "--startup-s", "0.5",
+         "--report-s", "0.3"],
+        name=name, min_nodes=1, max_nodes=4, gpus_per_node=0, profile="synth", time_limit=None,
+        rescale_up_s=2, rescale_down_s=1, metrics_dir=metrics, partition="scavenger", token=token,
+        script_path=script, launch="batch")
+    alice.write(f"mt/{name}.sbatch", text, 0o755)
+    return alice.sbatch(*argv[2:])

@@ -157,3 +157,29 @@ def test_metrics_endpoint_cannot_be_exhausted_by_idle_connections():
             s.close()
         server.shutdown()
         server.server_close()
+
+
+def test_each_cycle_tells_systemd_what_it_sees(tmp_path):
+    """STATUS= after every cycle: the cycle, the idle nodes, the jobs it runs; and why it waits."""
+    from helpers import FakeSlurm, held_job
+
+    from malletrain.domain.errors import BackendError
+    sent: list[str] = []
+    fake = FakeSlurm()
+    held_job(fake, "7")
+    d, _ = _daemon(tmp_path, fake)
+    d.notifier.send = lambda text: sent.append(text) or True
+    try:
+        d.cycle_once()
+        first = [t for t in sent if t.startswith("STATUS=")]
+        assert first and first[-1].startswith("STATUS=cycle 1 (every 2s): ")
+        assert f"{d.backend.idle_nodes} idle node(s)" in first[-1]
+
+        def down(*argv, **kw):
+            raise BackendError("slurmctld is down")
+        d.backend.observe = down
+        d.cycle_once()
+        assert sent[-1].startswith("STATUS=cycle 2 ") and sent[-1].endswith(
+            "Slurm unreachable, jobs left as they are")
+    finally:
+        d.store.close()

@@ -25,101 +25,14 @@ import sys
 import time
 
 import pytest
-from live import OPERATOR, ROOT, TEST_USERS, DaemonProc, OpenWatch, wait_until
+from live import OPERATOR, ROOT, TEST_USERS, DaemonProc, OpenWatch, User, honest_job, wait_until
 
 from malletrain.slurm.parse import Tag
-from malletrain.slurm.submit import build_submission, find_token
+from malletrain.slurm.submit import find_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.live]
 
 ALICE, MALLORY = TEST_USERS
-
-
-@pytest.fixture(scope="module")
-def users(cluster):
-    out = {}
-    for name in TEST_USERS:
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
-        pw = pwd.getpwnam(name)
-        os.chmod(pw.pw_dir, 0o711)          # others may enter, not list (a typical home)
-        cluster.add_user(name)              # an association (AccountingStorageEnforce)
-        out[name] = pw
-    return out
-
-
-@pytest.fixture(scope="module")
-def user_conf(cluster, tmp_path_factory):
-    """The cluster's client config, somewhere every user can read it (the checkout may not be)."""
-    d = tmp_path_factory.mktemp("slurm-etc")
-    shutil.copy(cluster.conf, d / "slurm.conf")
-    for p in (d, d.parent, d.parent.parent):
-        os.chmod(p, 0o755)
-    os.chmod(d / "slurm.conf", 0o644)
-    return str(d / "slurm.conf")
-
-
-class User:
-    """Commands run as one unprivileged user (runuser), in their home."""
-
-    def __init__(self, pw, conf: str) -> None:
-        self.pw, self.conf = pw, conf
-        self.home = pw.pw_dir
-        self.uid = pw.pw_uid
-
-    def run(self, *argv: str, check: bool = True) -> str:
-        out = subprocess.run(["runuser", "-u", self.pw.pw_name, "--", "env", f"SLURM_CONF={self.conf}",
-                              f"HOME={self.home}", *argv], capture_output=True, text=True, timeout=60,
-                             cwd=self.home)
-        if check and out.returncode != 0:
-            raise RuntimeError(f"{argv} as {self.pw.pw_name}: {out.stderr}")
-        return out.stdout
-
-    def write(self, rel: str, text: str | bytes, mode: int = 0o644) -> str:
-        path = os.path.join(self.home, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(text.encode() if isinstance(text, str) else text)
-        os.chmod(path, mode)
-        for p in (path, *self._parents(path)):
-            os.chown(p, self.uid, self.pw.pw_gid)
-        return path
-
-    def mkdir(self, rel: str, mode: int = 0o755) -> str:
-        path = os.path.join(self.home, rel)
-        os.makedirs(path, exist_ok=True)
-        os.chmod(path, mode)
-        for p in (path, *self._parents(path)):
-            os.chown(p, self.uid, self.pw.pw_gid)
-        return path
-
-    def _parents(self, path: str):
-        p = os.path.dirname(path)
-        while p.startswith(self.home + "/"):
-            yield p
-            p = os.path.dirname(p)
-
-    def sbatch(self, *args: str) -> str:
-        return self.run("sbatch", "--parsable", *args).strip().split(";")[0]
-
-
-def _honest_job(alice: User, name: str, alpha: float) -> str:
-    """Alice's malleable job: the synthetic job (stdlib only) under the shipped template."""
-    synth = alice.write("mt/synthjob.py", open(os.path.join(ROOT, "devtools", "synthjob.py")).read())
-    metrics = alice.mkdir("mt/metrics")
-    token = f"alice{name}"
-    script = os.path.join(alice.home, "mt", f"{name}.sbatch")
-    argv, text = build_submission(
-        ["/usr/bin/python3", synth, "--work", "1e9", "--rate", "100", "--alpha", str(alpha),
-         "--checkpoint", os.path.join(alice.home, "mt", f"{name}.ckpt"), "--startup-s", "0.5",
-         "--report-s", "0.3"],
-        name=name, min_nodes=1, max_nodes=4, gpus_per_node=0, profile="synth", time_limit=None,
-        rescale_up_s=2, rescale_down_s=1, metrics_dir=metrics, partition="scavenger", token=token,
-        script_path=script, launch="batch")
-    alice.write(f"mt/{name}.sbatch", text, 0o755)
-    return alice.sbatch(*argv[2:])
 
 
 def _mallory_job(mallory: User, *, name: str = "m", comment: str | None = None, tag: Tag | None = None,
@@ -177,7 +90,7 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
     os.chown(outside, mallory.uid, mallory.pw.pw_gid)
     watch = OpenWatch()
     t0 = time.time()
-    a1, a2 = _honest_job(alice, "a1", 0.05), _honest_job(alice, "a2", 0.3)
+    a1, a2 = honest_job(alice, "a1", 0.05), honest_job(alice, "a2", 0.3)
     d = DaemonProc(tmp_path, cluster, extra={
         "core": {"probe_timeout_s": 15},
         "daemon": {"progress_roots": ["/home"], "max_tag_reads": 20, "hang_floor_s": 3600}}).start()

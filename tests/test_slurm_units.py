@@ -306,9 +306,10 @@ def test_json_logs_metrics_and_notify(tmp_path):
     n = Notifier({"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "3000000"})
     n.ready("hi")
     n.watchdog()
+    n.status("two\nlines")
     n.stopping()
-    got = [srv.recv(100).decode() for _ in range(3)]
-    assert got == ["READY=1\nSTATUS=hi", "WATCHDOG=1", "STOPPING=1"]
+    got = [srv.recv(100).decode() for _ in range(4)]
+    assert got == ["READY=1\nSTATUS=hi", "WATCHDOG=1", "STATUS=two lines", "STOPPING=1"]
     assert Notifier({}).send("READY=1") is False
 
 

@@ -27,7 +27,7 @@ from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
 from malletrain.daemon.progress import ProgressSource, ProgressTail
 from malletrain.daemon.recovery import GIVE_UP, Ended, Recovery, RecoveryConfig, Running
-from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics
+from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics, status_line
 from malletrain.daemon.status import Counters, CycleStats, DaemonStatus, JobStatus, Measured, write_status
 from malletrain.daemon.store import Store
 from malletrain.domain.config import Config, load_config
@@ -185,8 +185,16 @@ class Daemon:
         cycle_s = time.perf_counter() - t0
         self._export(result, reads, writes, lat, cycle_s)
         self._write_status(result)
+        self._notify_status(cycle_s)
         self.notifier.watchdog()
         return result
+
+    def _notify_status(self, cycle_s: float) -> None:
+        running = [r for r in self.backend.records.values() if r.phase is Phase.RUNNING]
+        self.notifier.status(status_line(
+            self.cycle, self.config.daemon.interval_s, self.backend.idle_nodes, len(running),
+            sum(len(r.nodes) for r in running), cycle_s * 1000.0,
+            slurm_up=self.slurm_down_since is None, state_writable=self.store_down_since is None))
 
     def _safety_net(self) -> None:
         """Requeue what ended without a result or hung (never while the store is read-only)."""

@@ -207,5 +207,22 @@ class Notifier:
             self._last_ping = clock()
             self.send("WATCHDOG=1")
 
+    def status(self, text: str) -> None:
+        """What ``systemctl status`` shows on its Status line (one line, no user text)."""
+        self.send("STATUS=" + text.replace("\n", " "))
+
     def stopping(self) -> None:
         self.send("STOPPING=1")
+
+
+def status_line(cycle: int, interval_s: float, idle_nodes: int, running_jobs: int, held_nodes: int,
+                cycle_ms: float, *, slurm_up: bool = True, state_writable: bool = True) -> str:
+    """The service's one-line status after a cycle, e.g. ``cycle 12 (every 10s): 3 idle
+    node(s), 2 malleable job(s) on 5 node(s), last cycle 41 ms``."""
+    text = (f"cycle {cycle} (every {interval_s:g}s): {idle_nodes} idle node(s), {running_jobs} malleable "
+            f"job(s) on {held_nodes} node(s), last cycle {cycle_ms:.0f} ms")
+    if not slurm_up:
+        text += "; Slurm unreachable, jobs left as they are"
+    if not state_writable:
+        text += "; state store read-only, applying nothing"
+    return text
