@@ -35,10 +35,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from malletrain.core.backend import JobFacts, Observation
+from malletrain.core.backend import JobFacts, Observation, SizeChange
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.errors import BackendError
-from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Snapshot
+from malletrain.domain.model import (
+    DEFAULT_NODE_TYPE,
+    Action,
+    ActionKind,
+    Direction,
+    JobSpec,
+    JobState,
+    Node,
+    Snapshot,
+)
 from malletrain.slurm.parse import (
     MAX_TAG_BYTES,
     SINFO_FORMAT,
@@ -78,6 +87,12 @@ class Book:
     last_change_s: float | None = None
     paused_until_s: float = 0.0
     running: tuple[str, ...] = ()     # nodes it held when last seen running
+    # its latest size change (to measure the pause it cost): 'up' or 'down', when it was told
+    # to stop (a start: released), when it was released, onto how many nodes
+    change_dir: str = ""
+    change_hold_s: float = 0.0
+    change_release_s: float = 0.0
+    change_nodes: int = 0
 
 
 @dataclass
@@ -182,10 +197,12 @@ class SlurmBackend:
         for r, tag in malleable:
             tag = self._bounded(tag, len(nodes))
             book = self.books.get(r.job_id, Book())
+            change = (SizeChange(Direction(book.change_dir), book.change_hold_s, book.change_release_s,
+                                 book.change_nodes) if book.change_dir in ("up", "down") else None)
             fact = JobFacts(self._profile(r, tag), r.user,
                             self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
                             uid=r.uid, max_nodes=tag.max_nodes, state=r.state,
-                            nodes=r.nodes or book.running)
+                            nodes=r.nodes or book.running, change=change)
             if r.phase is Phase.FINISHED:
                 ended[r.job_id] = fact
                 continue
@@ -471,7 +488,7 @@ class SlurmBackend:
                 elif not self._verify(a.job_id):
                     continue
                 else:
-                    self._put(a.job_id, replace(book, running=(), last_change_s=now))
+                    self._put(a.job_id, replace(book, running=(), last_change_s=now, change_hold_s=now))
                     self.runner.write(["scontrol", "requeuehold", a.job_id])
                     if a.kind is ActionKind.STOP:
                         self.events.stops += 1
@@ -513,8 +530,11 @@ class SlurmBackend:
         pause = 0.0
         if tag is not None:
             pause = tag.rescale_up_s if a.kind in (ActionKind.START, ActionKind.GROW) else tag.rescale_down_s
+        up = a.kind in (ActionKind.START, ActionKind.GROW)
+        hold = book.change_hold_s if a.kind is not ActionKind.START and book.change_hold_s else now
         self._put(a.job_id, Book(launching=tuple(a.to_nodes), launch_t=now, last_change_s=now,
-                                 paused_until_s=now + pause, running=()))
+                                 paused_until_s=now + pause, running=(), change_dir="up" if up else "down",
+                                 change_hold_s=hold, change_release_s=now, change_nodes=k))
         try:
             ok = (self._write(a.job_id, ["scontrol", "update", f"jobid={a.job_id}", f"NumNodes={k}-{k}",
                                          f"ReqNodeList={collect(a.to_nodes)}", "StartTime=now"])

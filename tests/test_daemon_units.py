@@ -48,6 +48,40 @@ def test_progress_source_reads_the_file_the_tag_names_and_forgets_finished_jobs(
     assert src.poll(no_file) == ()
 
 
+def test_a_size_change_is_measured_from_its_hold_to_the_first_step_of_the_new_run(tmp_path):
+    """The pause the daemon charges a job is measured once per change, from the job's own records,
+    bounded by what the daemon saw itself (SECURITY.md: a job cannot claim a pause shorter than
+    Slurm's part of it, or one that ended after the daemon read it)."""
+    from malletrain.core.backend import SizeChange
+    from malletrain.domain.model import Direction
+    path = tmp_path / "7.jsonl"
+    progress(path, 100.0, 0.0, nodes=1)
+    progress(path, 101.0, 100.0, nodes=1)
+    src = ProgressSource(ProgressTail())
+
+    def poll(now, change):
+        facts = {"7": JobFacts("p", "alice", str(path), uid=os.getuid(), change=change)}
+        src.poll(Observation(Snapshot(now, (), ()), (), facts))
+        return src.pauses()
+    assert poll(102.0, None) == ()
+    grow = SizeChange(Direction.UP, hold_s=110.0, release_s=118.0, nodes=3)
+    assert poll(115.0, grow) == ()                       # not running on 3 nodes yet
+    progress(path, 121.0, 100.0, nodes=3, restart=1, event="start")
+    progress(path, 126.0, 100.0, nodes=3, restart=1)   # the first step at the new size
+    progress(path, 127.0, 400.0, nodes=3, restart=1)
+    (p,) = poll(130.0, grow)
+    assert (p.job_id, p.direction, p.pause_s) == ("7", Direction.UP, 16.0)
+    assert poll(140.0, grow) == ()                       # measured once
+    shrink = SizeChange(Direction.DOWN, hold_s=200.0, release_s=230.0, nodes=2)
+    progress(path, 205.0, 500.0, nodes=2, restart=2)   # claims to run before Slurm released it
+    (p,) = poll(240.0, shrink)
+    assert p.pause_s == 30.0                             # at least Slurm's part (release - hold)
+    late = SizeChange(Direction.UP, hold_s=300.0, release_s=301.0, nodes=4)
+    progress(path, 900.0, 600.0, nodes=4, restart=3)   # claims a time after the read
+    (p,) = poll(320.0, late)
+    assert p.pause_s == 20.0                             # at most until the daemon read it
+
+
 def test_daemon_seeds_the_advisor_from_its_store(tmp_path):
     state = tmp_path / "state"
     store = Store(str(state / "state.db"))

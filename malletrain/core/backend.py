@@ -16,7 +16,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from malletrain.domain.model import Action, Sample, Snapshot
+from malletrain.domain.model import Action, Direction, PauseSample, Sample, Snapshot
+
+
+@dataclass(frozen=True)
+class SizeChange:
+    """The daemon's latest change of a job's size, for measuring the pause it cost: from
+    ``hold_s`` (the job was told to stop; for a start, released) to its first step on
+    ``nodes`` nodes, released at ``release_s``."""
+
+    direction: Direction
+    hold_s: float
+    release_s: float
+    nodes: int
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,7 @@ class JobFacts:
     max_nodes: int = 1_000_000         # the most nodes a progress record may claim
     state: str = ""                    # the scheduler's state word (COMPLETED, FAILED, …) for ended jobs
     nodes: tuple[str, ...] = ()        # where it runs (or ran last)
+    change: SizeChange | None = None   # the daemon's latest change of its size
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,9 @@ class Backend(Protocol):
 
 
 class MetricsSource(Protocol):
-    """Throughput samples the observed jobs reported since the last poll."""
+    """Throughput samples the observed jobs reported since the last poll, and the rescale
+    pauses measured since (for the rescale-cost learner)."""
 
     def poll(self, observation: Observation) -> Sequence[Sample]: ...
+
+    def pauses(self) -> Sequence[PauseSample]: ...

@@ -2,6 +2,9 @@
 
 * ``malletrain`` – the JPA, fed only by the samples jobs report;
 * ``oracle``, ``bftrainer``, ``greedy`` – the true curves (given to them);
+* ``bftrainer-guess`` – what a user writes down without profiling: linear
+  scaling from the one figure they measured, the job's throughput at its
+  smallest size ``m`` (``min_nodes``): ``T(n) = T_true(m) · n / m``;
 * ``static`` – needs none.
 Curves are cached per job and rebuilt only when the job's data changed.
 
@@ -68,7 +71,7 @@ class CurveSource:
         out = {}
         for job in snapshot.jobs:
             out[job.job_id] = (self._watched(job, self._learned(job), snapshot.now_s) if policy == "malletrain"
-                               else self._oracle(job))
+                               else self._guessed(job) if policy == "bftrainer-guess" else self._oracle(job))
         return out
 
     def probe_misses(self, job_id: str) -> int:
@@ -120,13 +123,27 @@ class CurveSource:
             self._cache[job.job_id] = hit
         return hit[1]
 
+    def _truth(self, job: JobState) -> TruthFn:
+        truth = self.truths.get(job.job_id)
+        if truth is None:
+            raise KeyError(f"no true curve for job {job.job_id} (policy {self.config.policy})")
+        return truth
+
     def _oracle(self, job: JobState) -> Curve:
         hit = self._cache.get(job.job_id)
         if hit is None:
-            truth = self.truths.get(job.job_id)
-            if truth is None:
-                raise KeyError(f"no true curve for job {job.job_id} (policy {self.config.policy})")
+            truth = self._truth(job)
             pts = {n: CurvePoint(truth(n), truth(n), truth(n)) for n in self._grid(job)}
             hit = (None, Curve(pts, None, "oracle"))
+            self._cache[job.job_id] = hit
+        return hit[1]
+
+    def _guessed(self, job: JobState) -> Curve:
+        hit = self._cache.get(job.job_id)
+        if hit is None:
+            m = max(1, job.spec.min_nodes)
+            per_node = self._truth(job)(m) / m
+            pts = {n: CurvePoint(per_node * n, per_node * n, per_node * n) for n in self._grid(job)}
+            hit = (None, Curve(pts, None, "linear-guess"))
             self._cache[job.job_id] = hit
         return hit[1]

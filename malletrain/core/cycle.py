@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.curves import CurveSource
 from malletrain.core.decide import decide
+from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
-from malletrain.domain.model import Action, Plan, Snapshot
+from malletrain.domain.model import NO_OUTLOOK, Action, Outlook, Plan, Snapshot
 
 log = logging.getLogger("malletrain.cycle")
 
@@ -32,13 +33,15 @@ class CycleMemo:
     """The last decision's inputs, so an unchanged cycle reuses its plan.
 
     ``decide`` is deterministic; when the backend's generation, every curve
-    object (held here, compared by identity) and the set of pinned jobs are
-    unchanged, the plan would be the same and is not recomputed.
+    object (held here, compared by identity), the outlook (compared by value)
+    and the set of pinned jobs are unchanged, the plan would be the same and is
+    not recomputed.
     """
 
     generation: int | None = None
     curves: tuple = ()
     pins: tuple = ()
+    outlook: Outlook = NO_OUTLOOK
     plan: Plan | None = None
 
 
@@ -75,18 +78,22 @@ def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
 
 
 def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
-              memo: CycleMemo | None = None) -> CycleResult:
+              memo: CycleMemo | None = None, forecast: ForecastSource | None = None) -> CycleResult:
     obs = backend.observe()
     source.ingest(tuple(metrics.poll(obs)), obs.profiles(), obs.finished)
+    pauses = tuple(metrics.pauses())
+    if forecast is not None:
+        forecast.ingest(obs.snapshot, obs.profiles(), pauses, obs.finished)
     t0 = time.perf_counter()
     curves = source.curves(obs.snapshot)
+    outlook = forecast.outlook(obs.snapshot) if forecast is not None else NO_OUTLOOK
     if memo is not None and obs.generation is not None:
         cur = tuple(curves.items())
         if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
-                and len(cur) == len(memo.curves)
+                and memo.outlook == outlook and len(cur) == len(memo.curves)
                 and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cur, memo.curves))):
             return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
-    plan = decide(obs.snapshot, curves, config)
+    plan = decide(obs.snapshot, curves, config, outlook)
     ms = (time.perf_counter() - t0) * 1000.0
     for note in plan.notes:   # solver timeouts, fallbacks: say why
         log.warning("t=%.0f %s", obs.snapshot.now_s, note)
@@ -96,6 +103,6 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
         if actions:   # our own changes moved the state: decide afresh next cycle
             memo.plan = None
         else:
-            memo.generation, memo.curves, memo.pins, memo.plan = (
-                obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), plan)
+            memo.generation, memo.curves, memo.pins, memo.outlook, memo.plan = (
+                obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), outlook, plan)
     return CycleResult(plan, actions, ms)

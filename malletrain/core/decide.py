@@ -10,11 +10,18 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    round-robin over owners (FIFO within one), at most ``probes_per_owner`` of
    one owner's jobs at once.  (A probe that yields nothing is withdrawn by the
    curve source after ``probe_timeout_s``, see :mod:`malletrain.core.curves`.)
-3. The rest is allocated by the policy's allocator on the remaining capacity
-   (count-based: DP/MILP/greedy; ``bftrainer``: its per-node MILP; ``static``:
-   fixed size, FIFO).
-4. Counts become nodes (:mod:`malletrain.core.placement`) and every job gets an
-   :class:`Action` with a reason: a :class:`ReasonCode` and the detail.
+3. *Starving* jobs (``starvation_s`` > 0): an admitted job that has waited
+   ``starvation_s`` without nodes gets ``min_nodes`` before the others are
+   sized (longest wait first, while capacity lasts), and a job whose size
+   changed less than ``starvation_s`` ago is not stopped to make room for others
+   (only the primary scheduler takes its nodes).
+4. The rest is allocated by the policy's allocator on the remaining capacity
+   (count-based: DP/MILP/greedy, valued by :mod:`malletrain.core.objective` with
+   the :class:`Outlook`'s learned pauses and node stays; ``bftrainer``: its
+   per-node MILP; ``static``: fixed size, FIFO).
+5. Counts become nodes (:mod:`malletrain.core.placement`: longest predicted
+   stays to growing jobs) and every job gets an :class:`Action` with a reason: a
+   :class:`ReasonCode` and the detail.
 """
 from __future__ import annotations
 
@@ -22,21 +29,26 @@ import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from malletrain.core.objective import FreeOrder, expected_values, unit_weight
 from malletrain.core.placement import place
-from malletrain.domain.config import CoreConfig
+from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
     DEFAULT_NODE_TYPE,
+    NO_OUTLOOK,
+    STAYING,
     Action,
     ActionKind,
     Curve,
     JobState,
     Node,
+    Outlook,
     Plan,
     ReasonCode,
+    RescaleCost,
     Snapshot,
 )
 from malletrain.milp.bftrainer import NodeJob, solve_per_node
-from malletrain.milp.problem import JobChoice, Problem, job_values
+from malletrain.milp.problem import JobChoice, Option, Problem
 from malletrain.milp.solve import allocate
 
 
@@ -75,8 +87,11 @@ def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreCo
     return None
 
 
-def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) -> Plan:
+def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
+           outlook: Outlook = NO_OUTLOOK) -> Plan:
     now = snapshot.now_s
+    if config.policy not in FORECAST_POLICIES:
+        outlook = NO_OUTLOOK
     pool = {n.name: n for n in snapshot.nodes}
     cap = _capacity(snapshot.nodes)
     targets: dict[str, tuple[str | None, int]] = {}
@@ -132,11 +147,14 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
                 granted.add(j.job_id)
         free_jobs = [j for j in free_jobs if j.job_id not in granted]
 
+    if config.starvation_s > 0 and config.policy != "static":
+        free_jobs = _feed_starving(free_jobs, cap, now, config, targets, reasons)
+
     objective, solver = 0.0, config.policy
     chosen: dict[str, tuple[str, ...]] = {}     # concrete nodes picked by a per-node policy
     if config.policy == "static":
         _static(free_jobs, cap, config, targets, reasons)
-    elif config.policy == "bftrainer":
+    elif config.policy.startswith("bftrainer"):
         chosen, objective, bf_notes = _bftrainer(snapshot, jobs, free_jobs, curves, config, targets)
         solver = "bftrainer-cbc"
         notes.extend(bf_notes)
@@ -144,9 +162,10 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
             n = len(chosen.get(j.job_id, ()))
             reasons[j.job_id] = ((ReasonCode.SOLVER, "wait: BFTrainer's MILP gave it no nodes")
                                  if n == 0 and j.size == 0
-                                 else _reason(j, n, curves.get(j.job_id), config, Problem((), {})))
+                                 else _reason(j, n, curves.get(j.job_id), config, Problem((), {}),
+                                              _cost(j, outlook)))
     else:
-        problem = _problem(free_jobs, curves, cap, config, pool)
+        problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets)
         method = "greedy" if config.policy == "greedy" else config.allocator
         alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
         objective, solver = alloc.objective, alloc.solver
@@ -154,9 +173,10 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig) 
         for j in free_jobs:
             t, n = alloc.sizes.get(j.job_id, (None, 0))
             targets[j.job_id] = (t, n)
-            reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), config, problem)
+            reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook))
 
-    alloc_nodes = place(snapshot.nodes, jobs, targets)
+    exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
+    alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure)
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
@@ -194,10 +214,49 @@ def _best_type(cap: Counter) -> str | None:
     return max(cap, key=lambda t: (cap[t], t)) if cap else None
 
 
+def _cost(job: JobState, outlook: Outlook) -> RescaleCost:
+    return outlook.costs.get(job.job_id) or RescaleCost(job.spec.rescale_up_s, job.spec.rescale_down_s)
+
+
+def _waited(job: JobState, now_s: float) -> float:
+    """How long a job without nodes has waited: since it last lost its nodes, or since it was
+    admitted (``last_change_s``), or submitted."""
+    since = job.last_change_s if job.last_change_s is not None else job.spec.submit_s
+    return now_s - since
+
+
+def _feed_starving(jobs: Sequence[JobState], cap: Counter, now_s: float, cfg: CoreConfig,
+                   targets: dict, reasons: dict) -> list[JobState]:
+    """Give ``min_nodes`` to each job without nodes that waited ``starvation_s``, longest wait
+    first, while some node type has the room; the others go on to the allocator."""
+    due = sorted((j for j in jobs if not j.nodes and _waited(j, now_s) >= cfg.starvation_s),
+                 key=lambda j: (-_waited(j, now_s), j.job_id))
+    fed: set[str] = set()
+    for j in due:
+        t = _best_type(cap)
+        if t is None or cap[t] < j.spec.min_nodes:
+            continue
+        targets[j.job_id] = (t, j.spec.min_nodes)
+        cap[t] -= j.spec.min_nodes
+        reasons[j.job_id] = (ReasonCode.STARVING, f"start on {j.spec.min_nodes} (min_nodes): waited "
+                                                  f"{_waited(j, now_s):.0f}s >= starvation_s {cfg.starvation_s:g}")
+        fed.add(j.job_id)
+    return [j for j in jobs if j.job_id not in fed]
+
+
 def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter,
-             cfg: CoreConfig, pool: Mapping[str, Node]) -> Problem:
+             cfg: CoreConfig, pool: Mapping[str, Node], outlook: Outlook, snapshot: Snapshot,
+             targets: Mapping[str, tuple[str | None, int]]) -> Problem:
     choices = []
     types = tuple(sorted(t for t in cap if cap[t] > 0)) or tuple(sorted(cap)) or (DEFAULT_NODE_TYPE,)
+    stays = outlook.stays
+    free = None
+    if stays:   # the nodes a growing job could get: free ones first, then those of jobs that may shrink
+        taken = {n for j in snapshot.jobs if j.job_id in targets for n in j.nodes}
+        held = {n for j in jobs for n in j.nodes}
+        free = FreeOrder([stays.get(n, STAYING) for n in pool if n not in taken and n not in held],
+                         [stays.get(n, STAYING) for n in held])
+    protect = cfg.starvation_s
     for j in jobs:
         curve = curves.get(j.job_id)
         spec = j.spec
@@ -207,17 +266,41 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
                  if n <= limit]
         if j.size and j.size not in sizes and spec.min_nodes <= j.size <= spec.max_nodes:
             sizes.append(j.size)
-        rate = curve.mean if curve is not None else (lambda n: 0.0)
-        opts = job_values(sizes, j.size, cfg.horizon_s, spec.rescale_up_s,
-                          spec.rescale_down_s, rate)
+        rate = curve.mean if curve is not None else _no_rate
+        opts = expected_values(j, sizes, rate, _cost(j, outlook), unit_weight(j, rate, cfg),
+                               cfg.horizon_s, stays, free)
         choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
+    protected = {j.job_id for j in jobs if protect > 0 and j.nodes and j.last_change_s is not None
+                 and snapshot.now_s - j.last_change_s < protect}
+    if protected:   # changed less than starvation_s ago: not stopped to make room for others
+        penalty = 2.0 * sum(max((abs(o.value) for o in ch.options), default=0.0) for ch in choices) + 1.0
+        choices = [JobChoice(ch.job_id, tuple(Option(0, -penalty) if o.size == 0 else o for o in ch.options),
+                             ch.node_types, ch.current_size) if ch.job_id in protected else ch
+                   for ch in choices]
     return Problem(tuple(choices), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
 
 
-def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem: Problem) -> Reason:
+def _exposure(jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, int]],
+              curves: Mapping[str, Curve], outlook: Outlook, cfg: CoreConfig) -> dict[str, float]:
+    """What a node taken back costs each job at its target size: its down pause at that rate."""
+    out = {}
+    for j in jobs:
+        n = targets.get(j.job_id, (None, 0))[1]
+        curve = curves.get(j.job_id)
+        if n > j.size and curve is not None:
+            out[j.job_id] = _cost(j, outlook).down_s * curve.mean(n) * unit_weight(j, curve.mean, cfg)
+    return out
+
+
+def _no_rate(n: float) -> float:
+    return 0.0
+
+
+def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem: Problem,
+            cost: RescaleCost) -> Reason:
     c = job.size
     src = curve.source if curve is not None else "no curve"
-    rate = curve.mean if curve is not None else (lambda k: 0.0)
+    rate = curve.mean if curve is not None else _no_rate
     if n == c:
         if n == 0:
             feasible = [o for ch in problem.jobs if ch.job_id == job.job_id for o in ch.options if o.size]
@@ -226,16 +309,17 @@ def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem
             return ReasonCode.OUTBID, "wait: the idle nodes are worth more to other jobs"
         return (ReasonCode.BEST_AS_IS,
                 f"keep {n}: no change beats the current size ({rate(n):.1f} samples/s, {src})")
+    pauses = f"{cost.up_s:g}s up / {cost.down_s:g}s down pause, {cost.source}"
     if c == 0:
-        return ReasonCode.GAIN, f"start on {n}: predicted {rate(n):.1f} samples/s ({src})"
+        return ReasonCode.GAIN, f"start on {n}: predicted {rate(n):.1f} samples/s ({src}; {pauses})"
     if n == 0:
         return (ReasonCode.YIELD, f"stop ({c}→0): its nodes yield more elsewhere over the "
                 f"{cfg.horizon_s:g}s horizon, or fewer than min_nodes={job.spec.min_nodes} remain")
     if n > c:
         return (ReasonCode.GAIN, f"grow {c}→{n}: +{rate(n) - rate(c):.1f} samples/s over "
-                f"{cfg.horizon_s:g}s outweighs the {job.spec.rescale_up_s:g}s pause ({src})")
+                f"{cfg.horizon_s:g}s outweighs the {cost.up_s:g}s pause ({src}; {cost.source})")
     return (ReasonCode.YIELD, f"shrink {c}→{n}: loses {rate(c) - rate(n):.1f} samples/s but the "
-            f"nodes yield more elsewhere or are gone ({src})")
+            f"nodes yield more elsewhere or are gone ({src}; {pauses})")
 
 
 def _static(jobs: Sequence[JobState], cap: Counter, cfg: CoreConfig,

@@ -1,13 +1,19 @@
 """Turn per-job sizes into concrete nodes.
 
 Rules, in order:
-1. a continuing job keeps its nodes; a shrinking one releases the nodes with
-   the shortest predicted idle window first (unknown windows count as long);
-2. growing jobs (FIFO order) take free nodes of their type with the longest
-   window, preferring the topology group that holds most of their nodes,
-   then low variability;
+1. a continuing job keeps its nodes; a shrinking one releases the nodes
+   expected to be taken back first: the shortest predicted stay
+   (:class:`Stay` from the availability model, when given), else the shortest
+   known idle window (unknown windows count as long);
+2. growing jobs take free nodes of their type expected to stay longest,
+   preferring the topology group that holds most of their nodes, then low
+   variability;
 3. starting jobs take a whole group when one has room (the group with the
-   most free nodes), else the longest-window nodes across groups.
+   most free nodes), else the longest-staying nodes across groups.
+Growing and starting jobs pick in order of their *exposure* (given by
+``decide``: what a node taken back costs them, their rescale-down pause times
+their rate in the objective's unit), highest first, FIFO among equals: the
+longest stays go to the jobs that would lose most.
 Never assigns a node twice, never a node outside the pool, never migrates.
 Free nodes are sorted once; per-(type, group) queues make each take O(count).
 """
@@ -15,18 +21,26 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from malletrain.domain.model import JobState, Node
+from malletrain.domain.model import JobState, Node, Stay
+
+NO_STAYS: Mapping[str, Stay] = {}
+NO_EXPOSURE: Mapping[str, float] = {}
 
 
-def _rank(n: Node) -> tuple:
-    return (-(math.inf if n.window_end_s is None else n.window_end_s), n.variability, n.name)
+def _ranker(stays: Mapping[str, Stay]) -> Callable[[Node], tuple]:
+    """Sort key: nodes expected to stay longest first."""
+    def rank(n: Node) -> tuple:
+        s = stays.get(n.name)
+        first = (-s.fraction, s.leave_p) if s is not None else (-math.inf, 0.0)
+        return (*first, -(math.inf if n.window_end_s is None else n.window_end_s), n.variability, n.name)
+    return rank
 
 
 class _FreeNodes:
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        ordered = sorted(nodes, key=_rank)
+    def __init__(self, nodes: Sequence[Node], rank: Callable[[Node], tuple]) -> None:
+        ordered = sorted(nodes, key=rank)
         self.by_type: dict[str, deque] = defaultdict(deque)
         self.by_group: dict[tuple[str, str], deque] = defaultdict(deque)
         self.count: Counter = Counter()
@@ -63,8 +77,11 @@ class _FreeNodes:
 
 
 def place(nodes: Sequence[Node], jobs: Sequence[JobState],
-          targets: Mapping[str, tuple[str | None, int]]) -> dict[str, tuple[str, ...]]:
+          targets: Mapping[str, tuple[str | None, int]],
+          stays: Mapping[str, Stay] = NO_STAYS,
+          exposure: Mapping[str, float] = NO_EXPOSURE) -> dict[str, tuple[str, ...]]:
     by_name = {n.name: n for n in nodes}
+    _rank = _ranker(stays)
     out: dict[str, tuple[str, ...]] = {}
     held: set[str] = set()
     for job in jobs:
@@ -77,7 +94,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
 
     def take(job_id: str, ntype: str | None, count: int, group: str | None) -> None:
         if not index:
-            index.append(_FreeNodes([n for n in nodes if n.name not in held]))
+            index.append(_FreeNodes([n for n in nodes if n.name not in held], _rank))
         free = index[0]
         got = free.take(ntype if ntype is not None else _any_type(free), count, group)
         if len(got) < count:
@@ -85,6 +102,9 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
                              f"{ntype}, only {len(got)} free")
         out[job_id] = out[job_id] + tuple(n.name for n in got)
 
+    if exposure:      # who loses most when a node is taken back picks first (FIFO among equals)
+        rank = {j.job_id: i for i, j in enumerate(jobs)}
+        jobs = sorted(jobs, key=lambda j: (-exposure.get(j.job_id, 0.0), rank[j.job_id]))
     for job in jobs:  # growers first: they are already running
         ntype, want = targets.get(job.job_id, (None, 0))
         have = len(out[job.job_id])

@@ -25,10 +25,19 @@ from collections.abc import Callable, Sequence
 from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
+from malletrain.core.forecast import ForecastSource
 from malletrain.daemon.progress import ProgressSource, ProgressTail
 from malletrain.daemon.recovery import GIVE_UP, Ended, Recovery, RecoveryConfig, Running
 from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics, status_line
-from malletrain.daemon.status import Counters, CycleStats, DaemonStatus, JobStatus, Measured, write_status
+from malletrain.daemon.status import (
+    Counters,
+    CycleStats,
+    DaemonStatus,
+    JobStatus,
+    Measured,
+    Rescale,
+    write_status,
+)
 from malletrain.daemon.store import Store
 from malletrain.domain.config import Config, load_config
 from malletrain.domain.errors import BackendError, ConfigError, PlanError, StateError
@@ -114,6 +123,12 @@ class Daemon:
         self._recovery_saved = self.recovery.dump()
         self.backend.finished_work = self.progress.finished
         self.source = CurveSource(self.config.core)
+        self.forecast = ForecastSource(self.config.core)
+        try:
+            self.forecast.learner.load(self.store.get("rescale", {}))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            log.warning("stored rescale pauses unreadable, learning them afresh: %s", exc)
+        self._rescale_saved = self.forecast.learner.version
         try:
             self.source.advisor.load_retired(self.store.get("retired", {}))
         except (TypeError, ValueError, AttributeError) as exc:
@@ -156,7 +171,8 @@ class Daemon:
         result = None
         try:
             self.journal.cycle = self.cycle
-            result = run_cycle(self.journal, self.progress, self.source, self.config.core, self.memo)
+            result = run_cycle(self.journal, self.progress, self.source, self.config.core, self.memo,
+                               self.forecast)
         except BackendError as exc:
             self.metrics.cycle_errors.labels(kind="slurm").inc()
             if self.slurm_down_since is None:
@@ -176,6 +192,7 @@ class Daemon:
                 self.slurm_down_since = None
             self._safety_net()
             self._forget_finished()
+            self._save_rescale()
             self.plan = result.plan
             for a in result.plan.actions:
                 self.reasons[a.job_id] = a
@@ -256,6 +273,17 @@ class Daemon:
         except StateError as exc:
             self._state_failed(exc)
 
+    def _save_rescale(self) -> None:
+        """The learned rescale pauses survive a restart (written when they changed)."""
+        learner = self.forecast.learner
+        if learner.version != self._rescale_saved:
+            try:
+                self.store.put("rescale", learner.dump())
+            except StateError as exc:
+                self._state_failed(exc)
+                return
+            self._rescale_saved = learner.version
+
     def _save_book(self, job: str, book: Book | None) -> None:
         """The backend's book of a job, written ahead; while the store is read-only nothing is
         applied, so a failing bookkeeping write of the observation is not an error of its own."""
@@ -323,6 +351,7 @@ class Daemon:
             log.warning("metrics_port and state_dir changes take effect at the next restart")
         self.config = new
         self.source = CurveSource(new.core, advisor=self.source.advisor)
+        self.forecast = ForecastSource(new.core, learner=self.forecast.learner, history=self.forecast.history)
         self.recovery.config = _recovery_config(new.daemon)
         self.backend.slurm, self.backend.daemon = new.slurm, new.daemon
         fresh = make_runner(new)
@@ -378,6 +407,11 @@ class Daemon:
                 hist = []
             why = self.reasons.get(jid)
             gave_up = self.recovery.given_up.get(jid)
+            rescale = None
+            if tag is not None:
+                cost = self.forecast.learner.cost(jid, tag.rescale_up_s, tag.rescale_down_s)
+                rescale = Rescale(cost.up_s, cost.down_s, cost.up_n, cost.down_n,
+                                  tag.rescale_up_s, tag.rescale_down_s)
             jobs.append(JobStatus(
                 job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
                 slurm_reason=r.reason, nodes=tuple(r.nodes) if size else (), size=size,
@@ -391,7 +425,7 @@ class Daemon:
                 reason=gave_up or (why.reason if why else ""),
                 reason_code=ReasonCode.GAVE_UP.value if gave_up else (why.code.value if why else ""),
                 last_action=hist[-1] if hist else None, history=tuple(hist),
-                progress_skipped=self.tail.counters.by_job.get(jid, 0)))
+                progress_skipped=self.tail.counters.by_job.get(jid, 0), rescale=rescale))
         e, tc = b.events, self.tail.counters
         return DaemonStatus(
             t=self.clock(), cycle=self.cycle, slurm_up=self.slurm_down_since is None,

@@ -12,6 +12,14 @@ The daemon reads each file incrementally from the offset it reached last time
 sample is the rate between two consecutive ``progress`` records of the same
 run (same ``restart`` and ``nodes``).
 
+Rescale pauses: when the daemon changed a job's size (:class:`SizeChange` in its
+facts: told to stop at ``hold_s``, released at ``release_s`` onto ``nodes``), the
+first ``progress`` record of the job's next run on that many nodes ends the pause:
+``pause = t_first − hold_s``, measured once per change and bounded by what the
+daemon saw itself — at least ``release_s − hold_s`` (Slurm's part, which no job can
+shorten) and at most the time of the read.  These are the rescale-cost learner's
+input (:mod:`malletrain.jpa.rescale`).
+
 Everything in the file comes from the job's owner (SECURITY.md): the file is
 opened as its owner could (:mod:`malletrain.daemon.files`); at most
 ``max_read_bytes`` and ``max_records`` records are read per job per cycle, and
@@ -36,7 +44,7 @@ from typing import Protocol
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.files import Refused, open_as_owner
-from malletrain.domain.model import Sample
+from malletrain.domain.model import PauseSample, Sample
 
 log = logging.getLogger("malletrain.progress")
 
@@ -60,6 +68,8 @@ class TailState:
     step_s: float = 0.0          # the last progress record's step time
     records: int = 0             # valid records read (this daemon's lifetime)
     eof: bool = False            # the last poll read to the end of the file
+    run: tuple | None = None     # (restart, nodes) of the last progress record's run
+    new_runs: list = field(default_factory=list)   # (restart, nodes, t) of runs first seen this poll
 
 
 @dataclass
@@ -125,6 +135,7 @@ class ProgressTail:
                     raise Refused("not a regular file")
                 if info.st_ino != st.inode or info.st_size < st.offset:   # new, replaced or truncated
                     st.offset, st.inode, st.last, st.done, st.step_s = 0, info.st_ino, None, False, 0.0
+                    st.run, st.new_runs = None, []
                 want = self.max_read_bytes if self.budget is None else min(self.max_read_bytes, self.budget)
                 fh.seek(st.offset)
                 chunk = fh.read(want)
@@ -169,6 +180,12 @@ class ProgressTail:
                 st.done = rec["reason"] == "done" and rec["job"] == job_id
             elif rec["event"] == "progress" and rec["step_s"] is not None:
                 st.step_s = rec["step_s"]
+            if rec["event"] == "progress" and rec["nodes"] >= 1:
+                key = (rec["restart"], rec["nodes"])
+                if key != st.run:
+                    st.run = key
+                    if len(st.new_runs) < 64:
+                        st.new_runs.append((*key, rec["t"]))
             sample = self._sample(job_id, st, rec)
             if sample is not None:
                 if MIN_RATE <= sample.samples_per_s <= self.max_samples_per_s:
@@ -269,6 +286,9 @@ class ProgressSource:
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
         self._paths: dict[str, str] = {}
+        self._pauses: list[PauseSample] = []
+        self._measured: dict[str, float] = {}        # job -> hold_s of the change already measured
+        self._now = 0.0
         self._saved = tail.dump()
 
     def _state(self, job: str) -> TailState | None:
@@ -284,8 +304,30 @@ class ProgressSource:
         st = self._state(job)
         return st.step_s if st else 0.0
 
+    def pauses(self) -> tuple[PauseSample, ...]:
+        """Rescale pauses measured since the last call."""
+        out, self._pauses = tuple(self._pauses), []
+        return out
+
+    def _measure(self, job: str, facts: JobFacts, st: TailState) -> None:
+        """The pause of the job's latest size change, from the first record of its new run."""
+        runs, st.new_runs = st.new_runs, []
+        ch = facts.change
+        if ch is None or self._measured.get(job) == ch.hold_s:
+            return
+        for _, nodes, t in runs:
+            if nodes == ch.nodes and t >= ch.hold_s:
+                low, high = ch.release_s - ch.hold_s, self._now - ch.hold_s
+                if high < low:
+                    return
+                self._measured[job] = ch.hold_s
+                self._pauses.append(PauseSample(job, ch.direction, min(high, max(low, t - ch.hold_s)),
+                                                self._now))
+                return
+
     def poll(self, observation: Observation) -> tuple[Sample, ...]:
         now = observation.snapshot.now_s
+        self._now = now
         for job in observation.finished:
             self._drop(job)
         out: list[Sample] = []
@@ -332,6 +374,8 @@ class ProgressSource:
                           extra={"job": job, "reason": "progress error"})
             return 0
         st = self.tail.files.get(facts.progress_path)
+        if st is not None and st.new_runs:
+            self._measure(job, facts, st)
         return (st.records if st else 0) - before
 
     def _final(self, job: str, facts: JobFacts, out: list[Sample]) -> bool | None | _Unread:
@@ -358,6 +402,7 @@ class ProgressSource:
             self.tail.forget(path, job)
         self.latest.pop(job, None)
         self.last_progress.pop(job, None)
+        self._measured.pop(job, None)
 
     def _persist(self, out: list[Sample]) -> None:
         if self.journal is not None:

@@ -29,6 +29,19 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Rescale:
+    """The rescale pauses the decisions charge a job: learned (``up_n``/``down_n`` measurements)
+    or, before any, its configured ones."""
+
+    up_s: float
+    down_s: float
+    up_n: int
+    down_n: int
+    configured_up_s: float
+    configured_down_s: float
+
+
+@dataclass(frozen=True)
 class Change:
     """One applied action, as the store keeps it for ``explain``."""
 
@@ -64,6 +77,7 @@ class JobStatus:
     last_action: Change | None
     history: tuple[Change, ...]
     progress_skipped: int = 0       # this job's progress lines skipped and file refusals
+    rescale: Rescale | None = None  # learned vs. configured rescale pauses
 
 
 @dataclass(frozen=True)
@@ -159,7 +173,8 @@ def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
 
     jobs = tuple(_build(JobStatus, dict(
         j, nodes=tuple(j["nodes"]), measured=None if j["measured"] is None else _build(Measured, j["measured"]),
-        last_action=change(j["last_action"]), history=tuple(_build(Change, h) for h in j["history"])))
+        last_action=change(j["last_action"]), history=tuple(_build(Change, h) for h in j["history"]),
+        rescale=None if j.get("rescale") is None else _build(Rescale, j["rescale"])))
         for j in doc["jobs"])
     lc = doc["last_cycle"]
     return _build(DaemonStatus, dict(doc, vacating=tuple(doc["vacating"]), counters=_build(Counters, doc["counters"]),

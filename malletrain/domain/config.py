@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 from malletrain.domain.errors import ConfigError, InputError, yaml_problem
 from malletrain.domain.text import clipped
 
-POLICIES = ("malletrain", "oracle", "bftrainer", "greedy", "static")
+POLICIES = ("malletrain", "oracle", "bftrainer", "bftrainer-guess", "greedy", "static")
+OBJECTIVES = ("samples", "speedup", "progress")
+FORECAST_POLICIES = ("malletrain", "oracle", "greedy")   # the policies that use learned pauses and stays
 MAX_SECONDS = 1e9     # ~31 years: a longer duration (horizon, timeout, interval) is a typo
 ALLOCATORS = ("auto", "dp", "cbc", "highs", "greedy")
 
@@ -37,9 +39,36 @@ class CoreConfig:
     probe_timeout_s: float = 600.0  # a probe that yields no measurement by then is given up (then retried
                                     # after a doubling back-off); 0 = wait for ever
     probes_per_owner: int = 2      # jobs of one owner probing at once (0 = no limit); probes go round-robin
+    # what the objective counts (docs: "The objective"): 'samples' (samples/s summed over jobs),
+    # 'speedup' (each job's rate over its per-node rate at min_nodes: node-equivalents, unit-free),
+    # 'progress' (fraction of each job's work per second; jobs without a known work count as 'speedup')
+    objective: str = "samples"
+    user_weights: tuple = ()       # ((user, weight), ...): a user's jobs count weight x (default 1)
+    starvation_s: float = 0.0      # an admitted job waiting this long gets min_nodes before others grow (0 = off)
+    # forecasts (malletrain, oracle, greedy): learned rescale pauses and predicted node stays
+    learn_rescale: bool = True     # charge measured rescale pauses (the job's configured ones are the prior)
+    availability: bool = True      # predict each node's remaining idle time from the idle stretches seen so far
+    stay_min_fragments: int = 20   # idle stretches seen before stays are predicted at all
+    stay_half_life: int = 2000     # idle stretches: older ones count half as much per this many newer ones
+
+    def weight(self, user: str) -> float:
+        for name, w in self.user_weights:
+            if name == user:
+                return float(w)
+        return 1.0
 
     def validate(self, where: str = "config") -> CoreConfig:
         _choice(self.policy, POLICIES, where, "policy")
+        _choice(self.objective, OBJECTIVES, where, "objective")
+        for name, w in self.user_weights:
+            if not (isinstance(w, (int, float)) and 0 < w <= 1e6):
+                raise ConfigError(f"weight of {name!r} must be > 0 and <= 1e6, got {w!r}",
+                                  path=where, field="user_weights")
+        if not 0 <= self.starvation_s <= MAX_SECONDS:
+            raise ConfigError(f"must be >= 0 and <= {MAX_SECONDS:g} s", path=where, field="starvation_s")
+        if self.stay_min_fragments < 1 or self.stay_half_life < 1:
+            raise ConfigError("must be >= 1", path=where,
+                              field="stay_min_fragments" if self.stay_min_fragments < 1 else "stay_half_life")
         _choice(self.allocator, ALLOCATORS, where, "allocator")
         _choice(self.static_size, ("max", "min"), where, "static_size")
         for name in ("horizon_s", "time_limit_s", "bftrainer_time_limit_s"):
@@ -102,6 +131,15 @@ def _coerce(value: Any, default: Any, where: str, key: str) -> Any:
         if isinstance(default, int) and not float(value).is_integer():
             raise ConfigError(f"expected an integer, got {value!r}", path=where, field=key)
         return type(default)(value)
+    if key.endswith("_weights"):     # a mapping name -> positive number, kept as sorted pairs
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
+            raise ConfigError(f"expected a mapping of names to numbers, got {clipped(value)}", path=where, field=key)
+        if len(value) > 100_000:
+            raise ConfigError("at most 100000 entries", path=where, field=key)
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"weight of {clipped(k)} must be a number, got {clipped(v)}", path=where, field=key)
+        return tuple(sorted((k, float(v)) for k, v in value.items()))
     if isinstance(default, tuple):
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
             raise ConfigError(f"expected a list of non-empty strings, got {value!r}", path=where, field=key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +65,7 @@ class ReasonCode(enum.Enum):
     HUNG = "hung"                        # requeue: stopped reporting progress
     GAVE_UP = "gave-up"                  # held for good: failed more than max_failures times
     FINISHED = "finished"                # cancel: its work ended 'done' as it was being stopped or preempted
+    STARVING = "starving"                # start at min_nodes: it waited starvation_s while others ran
 
 
 class ActionKind(enum.Enum):
@@ -103,6 +105,7 @@ class JobSpec:
     submit_s: float = 0.0
     name: str = ""
     owner: str = ""        # who owns it (the Slurm user); '' = a job of its own (replay)
+    work: float = 0.0      # samples to finish (the 'progress' objective's unit); 0 = not known
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,75 @@ class Snapshot:
     jobs: tuple[JobState, ...]
 
 
+class Direction(enum.Enum):
+    """Which way a rescale went: ``up`` starts or grows a job, ``down`` shrinks it."""
+
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class PauseSample:
+    """One measured rescale pause: from the moment a job was told to change size to its
+    first step at the new size (the job's restart included)."""
+
+    job_id: str
+    direction: Direction
+    pause_s: float
+    t_s: float
+
+
+@dataclass(frozen=True)
+class RescaleCost:
+    """The rescale pauses ``decide`` charges a job: learned once measured, the
+    configured (user's) guess before; ``up_n``/``down_n`` measurements behind each."""
+
+    up_s: float
+    down_s: float
+    up_n: int = 0
+    down_n: int = 0
+
+    @property
+    def source(self) -> str:
+        if not (self.up_n or self.down_n):
+            return "configured"
+        return f"learned ({self.up_n} up, {self.down_n} down)"
+
+
+STAY_POINTS = 4      # a Stay's survival is known at the midpoints of this many equal parts of H
+
+
+@dataclass(frozen=True)
+class Stay:
+    """A harvestable node's predicted idle time over the objective's horizon H: the chance
+    it is still idle at the midpoints ``(q + ½)·H / STAY_POINTS`` of the horizon, and the
+    chance it is taken back before the horizon ends."""
+
+    survival: tuple[float, ...]   # P(still idle at each midpoint), non-increasing
+    leave_p: float                # P(taken back within H)
+
+    @property
+    def fraction(self) -> float:
+        """E[min(remaining idle, H)] / H (midpoint rule)."""
+        return sum(self.survival) / len(self.survival)
+
+
+STAYING = Stay((1.0,) * STAY_POINTS, 0.0)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """Predictions the shell hands ``decide`` beside the snapshot (pure values, no models):
+    learned rescale costs per job and predicted stays per node.  A job or node missing here
+    falls back to its spec's pauses or to 'stays the whole horizon'."""
+
+    costs: Mapping[str, RescaleCost] = field(default_factory=dict)
+    stays: Mapping[str, Stay] = field(default_factory=dict)
+
+
+NO_OUTLOOK = Outlook()
+
+
 @dataclass(frozen=True)
 class Sample:
     """One throughput measurement a job reported: the JPA's input."""
@@ -167,14 +239,20 @@ class Curve:
     probe: int | None = None
     source: str = "fit"
 
-    def mean(self, n: int) -> float:
+    def mean(self, n: float) -> float:
+        """Throughput at ``n`` nodes (a fractional count interpolates: an expected node count)."""
         if n <= 0:
             return 0.0
-        p = self.points.get(n)
+        p = self.points.get(int(n)) if n == int(n) else None
         if p is not None:
             return p.mean
+        keys, values = self._sorted
+        return interpolate(keys, values, n)
+
+    @functools.cached_property
+    def _sorted(self) -> tuple[list[int], list[float]]:
         keys = sorted(self.points)
-        return interpolate(keys, [self.points[k].mean for k in keys], n)
+        return keys, [self.points[k].mean for k in keys]
 
 
 @dataclass(frozen=True)

@@ -10,3 +10,10 @@ def percentile(xs: Sequence[float], q: float) -> float:
         return 0.0
     import numpy as np
     return float(np.percentile(xs, 100.0 * q, method="inverted_cdf"))
+
+
+def jain(xs: Sequence[float]) -> float:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all are equal, 1/n when one has all;
+    1 for no data or all zero."""
+    sq = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * sq) if xs and sq > 0 else 1.0

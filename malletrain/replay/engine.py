@@ -9,6 +9,7 @@ failed run leaves nothing half-written.
 """
 from __future__ import annotations
 
+import csv
 import math
 import os
 import shutil
@@ -22,14 +23,17 @@ import numpy as np
 
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, run_cycle
+from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import MAX_SECONDS, CoreConfig
 from malletrain.domain.errors import InputError
-from malletrain.domain.model import JobSpec
-from malletrain.domain.stats import percentile
+from malletrain.domain.model import JobSpec, RescaleCost
+from malletrain.domain.stats import jain, percentile
 from malletrain.replay.sim import SimCluster
 from malletrain.replay.summary import ReplaySummary, write_summary
 from malletrain.replay.traces import NodeTrace
 from malletrain.replay.workload import WorkloadJob
+
+GUESSING_POLICIES = ("malletrain", "bftrainer-guess")   # told a guess of the pauses, not the workload's
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,10 @@ class ReplayOptions:
     noise: float = 0.0
     quiet: bool = True
     check_invariants: bool = False   # verify simulator state after every cycle (tests)
+    # what the learning policies are told of every job's (up, down) pauses; None: the workload's
+    rescale_guess: tuple[float, float] | None = (30.0, 10.0)
+    # hand each idle node its true next busy time (a look-ahead no real scheduler has: off)
+    window_oracle: bool = False
 
 
 @dataclass
@@ -135,19 +143,24 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     check_options(trace, opts)
     wall0 = time.perf_counter()
     core = opts.core
-    specs, truths, works, arrivals = {}, {}, {}, []
+    specs, truths, works, arrivals, pauses, users = {}, {}, {}, [], {}, {}
+    guess = opts.rescale_guess if core.policy in GUESSING_POLICIES else None
     for w in workload:
         t = w.submit if w.submit_is_absolute else trace.start_s + w.submit
-        spec = JobSpec(w.name, w.min_nodes, w.max_nodes, w.rescale_up_s, w.rescale_down_s,
-                       w.profile, max(t, trace.start_s), w.name)
+        up, down = guess if guess is not None else (w.rescale_up_s, w.rescale_down_s)
+        spec = JobSpec(w.name, w.min_nodes, w.max_nodes, up, down,
+                       w.profile, max(t, trace.start_s), w.name, w.user, w.work)
         specs[w.name], truths[w.name], works[w.name] = spec, w.truth, w.work
+        pauses[w.name] = (w.rescale_up_s, w.rescale_down_s)
+        users[w.name] = w.user or "\0" + w.name
         if t < trace.end_s:
             arrivals.append(spec)
     arrivals.sort(key=lambda s: (s.submit_s, s.job_id))
     sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise)
     source = CurveSource(core, truths)
+    forecast = ForecastSource(core, {j: RescaleCost(*p) for j, p in pauses.items()})
     order = node_order(trace)
-    windows = _window_ends(trace, order)
+    windows = _window_ends(trace, order) if opts.window_oracle else None
     times, idxs, busy = trace.times, trace.node_idx, trace.busy
     names = trace.nodes
     n_ev, ev = len(times), 0
@@ -179,7 +192,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 break
             if not active and t_next > t:   # fast-forward the primary workload
                 while ev < n_ev and times[ev] < t_arr:
-                    sim.set_node(names[idxs[ev]], bool(busy[ev]), windows[ev])
+                    sim.set_node(names[idxs[ev]], bool(busy[ev]), windows[ev] if windows is not None else None)
                     ev += 1
                 next_tick = t_arr
                 sim.advance(t_arr)
@@ -190,7 +203,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
             sim.complete_due()
             hit: dict[str, int] = {}
             while ev < n_ev and times[ev] == t:
-                jid = sim.set_node(names[idxs[ev]], bool(busy[ev]), windows[ev] if not busy[ev] else None)
+                jid = sim.set_node(names[idxs[ev]], bool(busy[ev]),
+                                   windows[ev] if windows is not None and not busy[ev] else None)
                 if jid is not None:
                     hit[jid] = hit.get(jid, 0) + 1
                 ev += 1
@@ -203,12 +217,12 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 a_i += 1
             while waiting and (opts.max_jobs is None or len(sim.jobs) < opts.max_jobs):
                 spec = waiting.pop(0)
-                sim.admit(spec, truths[spec.job_id], works[spec.job_id])
+                sim.admit(spec, truths[spec.job_id], works[spec.job_id], pauses[spec.job_id])
             if t >= next_tick:
                 sim.report_samples()
                 next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval
             if sim.jobs:
-                res = run_cycle(sim, sim, source, core, memo)
+                res = run_cycle(sim, sim, source, core, memo, forecast)
                 if res.reused:
                     reused += 1
                 else:
@@ -224,7 +238,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     finally:
         bar.close()
     return _result(trace, order, sim, source, opts, decision_ms, reused, notes, timeline, progress,
-                   specs, works, time.perf_counter() - wall0)
+                   specs, works, time.perf_counter() - wall0, forecast, guess)
 
 
 def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
@@ -240,16 +254,36 @@ def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
 
 
 def _result(trace, order, sim, source, opts, decision_ms, reused, notes, timeline, progress, specs, works,
-            wall_s) -> ReplayResult:
+            wall_s, forecast, guess) -> ReplayResult:
     c = sim.counters
     idle = idle_node_seconds(trace, order)
     jobs = []
-    for jid in specs:
+    jct: list[float] = []
+    wait: list[float] = []
+    node_s: dict[str, float] = {}
+    never, starved = 0, 0.0
+    core = opts.core
+    for jid, spec in specs.items():
         j = sim.done_jobs.get(jid) or sim.jobs.get(jid)
-        jobs.append({"job": jid, "done": j.done if j else 0.0, "work": works[jid],
+        jobs.append({"job": jid, "user": spec.owner, "done": j.done if j else 0.0, "work": works[jid],
+                     "submit_s": spec.submit_s - trace.start_s,
+                     "first_start_s": (j.first_start - trace.start_s) if j and j.first_start is not None else None,
                      "completed_at_s": (j.completed_at - trace.start_s) if j and j.completed_at else None,
-                     "preemptions": j.preemptions if j else 0, "rescales": j.rescales if j else 0})
+                     "preemptions": j.preemptions if j else 0, "rescales": j.rescales if j else 0,
+                     "node_s": j.node_s if j else 0.0, "max_starved_s": j.max_starved_s if j else 0.0})
+        if j is None:
+            continue
+        user = spec.owner or "\0" + jid
+        node_s[user] = node_s.get(user, 0.0) + j.node_s / core.weight(spec.owner)
+        starved = max(starved, j.max_starved_s)
+        if j.completed_at is not None:
+            jct.append(j.completed_at - spec.submit_s)
+        if j.first_start is not None:
+            wait.append(j.first_start - spec.submit_s)
+        else:
+            never += 1
     useful = sum(x["done"] for x in jobs)
+    errors = forecast.learn_errors
     summary = ReplaySummary(
         policy=opts.core.policy,
         trace_span_s=trace.end_s - trace.start_s,
@@ -281,6 +315,21 @@ def _result(trace, order, sim, source, opts, decision_ms, reused, notes, timelin
         noise=opts.noise,
         max_jobs=opts.max_jobs,
         wall_s=wall_s,
+        objective=core.objective,
+        progress_units=sum(x["done"] / x["work"] for x in jobs if x["work"] > 0),
+        jct_mean_s=statistics.fmean(jct) if jct else 0.0,
+        jct_p95_s=percentile(jct, 0.95),
+        wait_mean_s=statistics.fmean(wait) if wait else 0.0,
+        wait_p95_s=percentile(wait, 0.95),
+        never_started=never,
+        max_starved_s=starved,
+        jain_users=jain(list(node_s.values())),
+        users=len(node_s),
+        rescale_learned=len(errors),
+        rescale_error_p50=percentile(errors, 0.5),
+        rescale_error_max=max(errors, default=0.0),
+        rescale_guess=tuple(guess) if guess is not None else None,
+        window_oracle=opts.window_oracle,
     )
     return ReplayResult(summary, timeline, progress, jobs)
 
@@ -323,12 +372,17 @@ def _write_outputs(result: ReplayResult, out_dir: str, plots: bool) -> None:
             t0 = result.timeline[0][0] if result.timeline else 0.0
             for t, idle, alloc, run, thr in result.timeline:
                 fh.write(f"{t - t0:.1f},{idle},{alloc},{run},{thr:.3f}\n")
-        with open(os.path.join(tmp, "jobs.csv"), "w") as fh:
-            fh.write("job,done_samples,work_samples,completed_at_s,preemptions,rescales\n")
+        with open(os.path.join(tmp, "jobs.csv"), "w", newline="") as fh:
+            out = csv.writer(fh, lineterminator="\n")
+            out.writerow(("job", "user", "done_samples", "work_samples", "submit_s", "first_start_s",
+                          "completed_at_s", "preemptions", "rescales", "node_s", "max_starved_s"))
+
+            def at(x: float | None) -> str:
+                return "" if x is None else f"{x:.1f}"
             for j in result.jobs:
-                done_at = "" if j["completed_at_s"] is None else f"{j['completed_at_s']:.1f}"
-                fh.write(f"{j['job']},{j['done']:.1f},{j['work']:.1f},{done_at},"
-                         f"{j['preemptions']},{j['rescales']}\n")
+                out.writerow((j["job"], j["user"], f"{j['done']:.1f}", f"{j['work']:.1f}", at(j["submit_s"]),
+                              at(j["first_start_s"]), at(j["completed_at_s"]), j["preemptions"],
+                              j["rescales"], f"{j['node_s']:.1f}", f"{j['max_starved_s']:.1f}"))
         if plots:
             from malletrain.replay.plots import plot_nodes, plot_progress
             plot_nodes(result, os.path.join(tmp, "nodes.png"))

@@ -8,7 +8,13 @@ Semantics (issue #2 / DESIGN.md):
 * a node taken back by the primary scheduler shrinks its job at once, or
   stops it if it falls below ``min_nodes`` — a preemption; the job's pause
   (``rescale_down_s`` at its old rate) is counted as lost work;
-* a job completes when its ``work`` is done.
+* a job completes when its ``work`` is done;
+* every pause (start, grow, shrink, preemption) is measured by the job and
+  reported once it is over (:meth:`SimCluster.pauses`), with the same relative
+  noise as its throughput samples: the rescale-cost learner's input.
+The pauses the sim applies are the workload's (``true_up_s``/``true_down_s``);
+the job's :class:`JobSpec` carries what the policy is told (the truth, or a
+guess it must learn from).
 The replay driver moves the clock; ``observe``/``apply`` are the backend
 protocol and ``poll`` the metrics-source protocol the shared cycle uses.
 """
@@ -20,7 +26,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.backend import JobFacts, Observation
-from malletrain.domain.model import DEFAULT_NODE_TYPE, Action, ActionKind, JobSpec, JobState, Node, Sample, Snapshot
+from malletrain.domain.model import (
+    DEFAULT_NODE_TYPE,
+    Action,
+    ActionKind,
+    Direction,
+    JobSpec,
+    JobState,
+    Node,
+    PauseSample,
+    Sample,
+    Snapshot,
+)
 
 
 @dataclass
@@ -36,6 +53,13 @@ class SimJob:
     completed_at: float | None = None
     preemptions: int = 0
     rescales: int = 0
+    true_up_s: float = 0.0
+    true_down_s: float = 0.0
+    admitted_at: float = 0.0
+    first_start: float | None = None
+    node_s: float = 0.0            # node-seconds it held
+    starved_s: float = 0.0         # this stretch without nodes, counted while other jobs held nodes
+    max_starved_s: float = 0.0
 
 
 @dataclass
@@ -62,8 +86,10 @@ class SimCluster:
         self.done_jobs: dict[str, SimJob] = {}
         self.counters = Counters()
         self.rng = random.Random(seed)
+        self.pause_rng = random.Random(seed + 7919)   # its own stream: pauses never shift the samples' noise
         self.noise = noise
         self._samples: list[Sample] = []
+        self._pauses: list[tuple[float, PauseSample]] = []   # (when it is over, the measurement)
         self._finished: list[str] = []
         self.generation = 0   # bumped by every change decide() could see
 
@@ -73,9 +99,16 @@ class SimCluster:
         dt = t - self.now
         if dt < 0:
             raise ValueError(f"time went backwards: {t} < {self.now}")
+        running = sum(1 for job in self.jobs.values() if job.nodes)
+        if running and running < len(self.jobs):      # some wait while others run
+            for job in self.jobs.values():
+                if not job.nodes:
+                    job.starved_s += dt
+                    job.max_starved_s = max(job.max_starved_s, job.starved_s)
         for job in self.jobs.values():
             if job.nodes:
                 self.counters.allocated_node_s += len(job.nodes) * dt
+                job.node_s += len(job.nodes) * dt
                 run = t - max(self.now, job.paused_until)
                 if run > 0:
                     job.done = min(job.work, job.done + job.rate * run)
@@ -127,18 +160,28 @@ class SimCluster:
             old_rate = job.truth(len(job.nodes) + lost)
             self.counters.preemptions += 1
             job.preemptions += 1
-            self.counters.lost_samples += job.spec.rescale_down_s * old_rate
+            self.counters.lost_samples += job.true_down_s * old_rate
             if len(job.nodes) >= job.spec.min_nodes:
-                job.paused_until = max(job.paused_until, self.now + job.spec.rescale_down_s)
+                job.paused_until = max(job.paused_until, self.now + job.true_down_s)
+                self._pause(jid, Direction.DOWN, job.true_down_s)
             else:
                 self._release(job)
             job.rate = job.truth(len(job.nodes))
             job.last_change = self.now
 
     # -- jobs ---------------------------------------------------------------
-    def admit(self, spec: JobSpec, truth: Callable[[int], float], work: float) -> None:
+    def admit(self, spec: JobSpec, truth: Callable[[int], float], work: float,
+              true_pauses: tuple[float, float] | None = None) -> None:
+        """A job joins; ``true_pauses`` (up, down) default to the spec's."""
         self.generation += 1
-        self.jobs[spec.job_id] = SimJob(spec, truth, work)
+        up, down = true_pauses if true_pauses is not None else (spec.rescale_up_s, spec.rescale_down_s)
+        self.jobs[spec.job_id] = SimJob(spec, truth, work, true_up_s=up, true_down_s=down,
+                                        admitted_at=self.now, last_change=self.now)
+
+    def _pause(self, jid: str, direction: Direction, pause_s: float) -> None:
+        """The job will measure this pause once it is over."""
+        x = pause_s * (1.0 + self.noise * self.pause_rng.gauss(0.0, 1.0)) if self.noise and pause_s > 0 else pause_s
+        self._pauses.append((self.now + pause_s, PauseSample(jid, direction, max(0.0, x), self.now + pause_s)))
 
     def report_samples(self) -> None:
         """Every running, unpaused job reports its current throughput."""
@@ -179,6 +222,14 @@ class SimCluster:
         out, self._samples = tuple(self._samples), []
         return out
 
+    def pauses(self) -> tuple[PauseSample, ...]:
+        """The pauses that ended by now (a job measures its pause when it resumes)."""
+        if not self._pauses:
+            return ()
+        ready = tuple(p for t, p in self._pauses if t <= self.now and p.job_id in self.jobs)
+        self._pauses = [(t, p) for t, p in self._pauses if t > self.now and p.job_id in self.jobs]
+        return ready
+
     def apply(self, actions: Sequence[Action]) -> None:
         """Release every node the plan takes away, then hand out new ones."""
         if actions:
@@ -199,16 +250,22 @@ class SimCluster:
                 self.holder[n] = a.job_id
             old_rate = job.rate
             job.nodes = list(a.to_nodes)
+            if job.nodes:
+                job.starved_s = 0.0
             job.rate = job.truth(len(job.nodes))
             job.last_change = self.now
             if a.kind == ActionKind.STOP:
                 self.counters.stops += 1
                 continue
-            pause = job.spec.rescale_up_s if len(job.nodes) > old else job.spec.rescale_down_s
+            up = len(job.nodes) > old
+            pause = job.true_up_s if up else job.true_down_s
             if a.kind == ActionKind.START:
                 self.counters.starts += 1
+                if job.first_start is None:
+                    job.first_start = self.now
             else:
                 self.counters.rescales += 1
                 job.rescales += 1
             self.counters.pause_samples += pause * old_rate
             job.paused_until = max(job.paused_until, self.now + pause)
+            self._pause(a.job_id, Direction.UP if up else Direction.DOWN, pause)

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from malletrain.domain.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 TIMING_FIELDS = ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean")
 
 
@@ -50,11 +50,29 @@ class ReplaySummary:
     noise: float
     max_jobs: int | None
     wall_s: float
+    # jobs and users (schema 2)
+    objective: str = "samples"
+    progress_units: float = 0.0        # Σ over jobs of the fraction of its work done
+    jct_mean_s: float = 0.0            # completed jobs: completion − submit
+    jct_p95_s: float = 0.0
+    wait_mean_s: float = 0.0           # started jobs: first start − submit
+    wait_p95_s: float = 0.0
+    never_started: int = 0             # admitted jobs that never got a node
+    max_starved_s: float = 0.0         # longest an admitted job went without nodes while others ran
+    jain_users: float = 1.0            # Jain's index over users' node-seconds (divided by their weight)
+    users: int = 0
+    # forecasts (schema 2)
+    rescale_learned: int = 0           # job directions whose pause estimate was checked (3 measurements)
+    rescale_error_p50: float = 0.0     # relative error of those estimates against the workload's truth
+    rescale_error_max: float = 0.0
+    rescale_guess: tuple[float, float] | None = None   # what the policy was told before it learned
+    window_oracle: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["solver_notes_first"] = list(self.solver_notes_first)
+        d["rescale_guess"] = list(self.rescale_guess) if self.rescale_guess is not None else None
         return d
 
 
@@ -78,4 +96,6 @@ def read_summary(path: str) -> ReplaySummary:
     if missing:
         raise InputError(f"missing {', '.join(sorted(missing))}", path=path)
     doc["solver_notes_first"] = tuple(doc["solver_notes_first"])
+    if doc.get("rescale_guess") is not None:
+        doc["rescale_guess"] = tuple(doc["rescale_guess"])
     return ReplaySummary(**{k: v for k, v in doc.items() if k in names})

@@ -10,6 +10,7 @@ jobs:
     rescale_up_s: 30
     rescale_down_s: 10
     profile: bert         # jobs with one key scale alike
+    user: alice           # optional: whose job (per-user weights, fairness); default: a user of its own
     throughput: {1: 110.0, 2: 205.0, 4: 380.0, 8: 610.0, 16: 800.0}
 ```
 ``throughput`` is the ground truth for the replay oracle (linear
@@ -30,7 +31,7 @@ from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import parse_time
 
 JOB_KEYS = ("name", "submit", "min_nodes", "max_nodes", "work", "rescale_up_s",
-            "rescale_down_s", "profile", "throughput")
+            "rescale_down_s", "profile", "user", "throughput")
 REQUIRED = ("name", "submit", "min_nodes", "max_nodes", "work", "throughput")
 MAX_VALUE = 1e15          # work, seconds and samples/s beyond this are typos (and overflow floats)
 
@@ -59,6 +60,7 @@ class WorkloadJob:
     profile: str
     truth: TrueCurve
     line: int
+    user: str = ""
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -147,6 +149,9 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
     profile = entry.get("profile", "")
     if not isinstance(profile, str):
         raise err("profile", f"expected a string, got {profile!r}")
+    user = entry.get("user", "")
+    if not isinstance(user, str) or len(user) > 256:
+        raise err("user", f"expected a string (at most 256 characters), got {clipped(user)}")
     thr = entry["throughput"]
     if not isinstance(thr, dict) or not thr:
         raise err("throughput", "expected a non-empty mapping {node_count: samples_per_s}")
@@ -161,4 +166,5 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
     pts.sort()
     return WorkloadJob(name.strip(), submit, absolute, min_nodes, max_nodes, work,
                        number("rescale_up_s", 0.0), number("rescale_down_s", 0.0), profile,
-                       TrueCurve(tuple(p[0] for p in pts), tuple(p[1] for p in pts)), line or 0)
+                       TrueCurve(tuple(p[0] for p in pts), tuple(p[1] for p in pts)), line or 0,
+                       user.strip())

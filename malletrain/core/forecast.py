@@ -1,0 +1,84 @@
+"""Where each policy's :class:`Outlook` comes from (beside :mod:`malletrain.core.curves`).
+
+* ``malletrain`` – rescale pauses learned from the pauses jobs were measured to
+  take (:mod:`malletrain.jpa.rescale`; the job's configured pauses are the
+  prior) and node stays predicted from the idle stretches seen so far
+  (:mod:`malletrain.core.availability`);
+* ``oracle``, ``greedy`` – the true pauses where given (replay), else as
+  ``malletrain``; the same predicted stays (an oracle of the curves, not of the
+  future);
+* ``bftrainer``, ``bftrainer-guess``, ``static`` – none: BFTrainer's objective
+  charges the configured pauses and knows no stays.
+
+``learn_rescale`` and ``availability`` (CoreConfig) switch either part off.
+Pure: times come from the observations.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from malletrain.core.availability import IdleHistory
+from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
+from malletrain.domain.model import NO_OUTLOOK, Direction, JobSpec, Outlook, PauseSample, RescaleCost, Snapshot
+from malletrain.jpa.rescale import RescaleLearner
+
+
+class ForecastSource:
+    def __init__(self, config: CoreConfig, true_costs: Mapping[str, RescaleCost] | None = None, *,
+                 learner: RescaleLearner | None = None, history: IdleHistory | None = None) -> None:
+        self.config = config
+        self.true_costs = dict(true_costs or {})
+        self.learner = learner or RescaleLearner()
+        self.history = history or IdleHistory(min_stretches=config.stay_min_fragments,
+                                              half_life=config.stay_half_life)
+        self.learn_errors: list[float] = []     # relative error of learned pauses (replay, see _check)
+
+    @property
+    def active(self) -> bool:
+        return self.config.policy in FORECAST_POLICIES
+
+    def ingest(self, snapshot: Snapshot, profiles: Mapping[str, str], pauses: Iterable[PauseSample],
+               finished: Iterable[str] = ()) -> None:
+        """One observation: the pool (idle stretches), profiles, measured pauses, jobs that left."""
+        if not self.active:
+            return
+        if self.config.availability:
+            self.history.update(snapshot.now_s, (n.name for n in snapshot.nodes))
+        for job, prof in profiles.items():
+            self.learner.register(job, prof)
+        pauses = tuple(pauses)
+        specs = {j.job_id: j.spec for j in snapshot.jobs} if pauses and self.true_costs else {}
+        for p in pauses:
+            if self.learner.add(p) and p.job_id in specs:
+                self._check(p, specs[p.job_id])
+        for job in finished:
+            self.learner.forget(job)
+
+    LEARN_CHECK_AT = 3      # measurements of a job and direction after which its estimate is checked
+
+    def _check(self, p: PauseSample, spec: JobSpec) -> None:
+        """Where the truth is known (replay): how far the estimate is from it once the job has
+        measured ``LEARN_CHECK_AT`` pauses in that direction."""
+        truth = self.true_costs.get(p.job_id)
+        if truth is None or len(self.learner.measured(p.job_id, p.direction)) != self.LEARN_CHECK_AT:
+            return
+        cost = self.learner.cost(p.job_id, spec.rescale_up_s, spec.rescale_down_s)
+        want = truth.up_s if p.direction is Direction.UP else truth.down_s
+        got = cost.up_s if p.direction is Direction.UP else cost.down_s
+        if want > 0:
+            self.learn_errors.append(abs(got - want) / want)
+
+    def outlook(self, snapshot: Snapshot) -> Outlook:
+        if not self.active:
+            return NO_OUTLOOK
+        cfg = self.config
+        costs: dict[str, RescaleCost] = {}
+        for j in snapshot.jobs:
+            truth = self.true_costs.get(j.job_id) if cfg.policy != "malletrain" else None
+            if truth is not None:
+                costs[j.job_id] = truth
+            elif cfg.learn_rescale:
+                costs[j.job_id] = self.learner.cost(j.job_id, j.spec.rescale_up_s, j.spec.rescale_down_s)
+        stays = (self.history.stays(snapshot.now_s, snapshot.nodes, cfg.horizon_s)
+                 if cfg.availability else {})
+        return Outlook(costs, stays)

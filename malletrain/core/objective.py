@@ -1,0 +1,127 @@
+"""The objective: what each candidate size of a job is worth over the horizon ``H``.
+
+This is the performance model the count allocator maximises (summed over jobs),
+for the ``malletrain``, ``oracle`` and ``greedy`` policies.  For a job ``j``
+that holds ``c`` nodes now, a candidate size ``n`` is worth its expected
+useful work over the next ``H`` seconds, in the objective's unit::
+
+    value_j(n) = w_j · [ (H/Q) · Σ_q T_j(N_q(A))  −  p(c→n) · T_j(n)  −  d_j · T_j(n) · D(A) ]
+    value_j(0) = 0
+
+* ``T_j(n)``: predicted samples/s at ``n`` nodes (the JPA's curve, or the truth
+  for ``oracle``).
+* ``A``: the nodes the job would run on.  Shrinking keeps the ``n`` of its own
+  nodes expected to stay longest (placement does the same); growing keeps all of
+  its own and adds the ``n − c`` free nodes expected to stay longest, and beyond
+  the free ones, the nodes other jobs would give up (their shortest stays
+  first: that is what a shrinking job releases).  (Each growing job is valued as
+  if the best free nodes were its own; placement hands them out in FIFO order,
+  so when several jobs grow at once the later ones get somewhat shorter stays
+  than valued.  The next decision corrects it.)
+* ``N_q(A) = Σ_{i∈A} P(node i still idle at t_q)``: the expected number of the
+  job's nodes left at the midpoints ``t_q = (q + ½)·H/Q`` of ``Q`` =
+  :data:`STAY_POINTS` parts of the horizon (:mod:`malletrain.core.availability`;
+  a node without a prediction stays).  The job runs at ``T_j`` of the nodes it
+  has left: a node that leaves early costs the concave curve's marginal rate,
+  not an average one.  With every node staying this is ``H · T_j(n)``.
+* ``p(c→n)``: the rescale pause of the change, at the new size's rate: ``up_j``
+  for a start or a grow, ``down_j`` for a shrink, 0 for no change.  The pauses
+  are the learned ones (:mod:`malletrain.jpa.rescale`), or the job's configured
+  ones before any measurement.
+* ``D(A) = 1 − Π_{i∈A} (1 − leave_i)``: the chance that the primary scheduler
+  takes back some node of ``A`` within ``H`` (nodes taken independently), which
+  pauses the job for ``d_j = down_j`` (it checkpoints and restarts on the nodes
+  left).  One pause, not one per node: nodes go back in bursts (a primary job
+  takes several at once), and after the first the job is sized afresh.
+* ``w_j``: the unit and the weight.  ``samples``: 1 (samples/s summed over
+  jobs, as in BFTrainer and MalleTrain); ``speedup``: ``m_j / T_j(m_j)`` with
+  ``m_j = min_nodes``: a job's rate in node-equivalents of its smallest size, so
+  a model with a high sample rate does not outbid one with a low rate;
+  ``progress``: ``1 / work_j`` (fraction of the job's work per second; a job
+  whose work is not known counts as ``speedup``).  Times the owner's weight
+  (``user_weights``, default 1).
+
+With no predictions this is ``w·T(n)·(H − p)``: the plain expected work.
+Voluntarily dropping a node costs a ``down`` pause, as losing it does, so the
+model never shrinks a job only because a node might leave.  Negative values are
+kept: a start whose pause outlasts the nodes' expected stay is worth less than
+waiting.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.model import STAY_POINTS, STAYING, JobState, RescaleCost, Stay
+from malletrain.milp.problem import Option
+
+
+def unit_weight(job: JobState, rate: Callable[[float], float], cfg: CoreConfig) -> float:
+    """``w_j``: the objective's unit for this job times its owner's weight."""
+    w = cfg.weight(job.spec.owner) if cfg.user_weights else 1.0
+    if cfg.objective == "samples":
+        return w
+    if cfg.objective == "progress" and job.spec.work > 0:
+        return w / job.spec.work
+    m = max(1, job.spec.min_nodes)
+    base = rate(m)
+    return w * m / base if base > 0 else 0.0
+
+
+class FreeOrder:
+    """Stays of the nodes a growing job could get, as prefix sums (of each survival point and
+    of ``log(1 − leave_p)``, whose exp is the chance that none leaves): the free nodes longest
+    first, then the nodes other jobs would give up, shortest first (a shrinking job gives up
+    the nodes expected to leave first)."""
+
+    def __init__(self, free: Sequence[Stay], held: Sequence[Stay] = ()) -> None:
+        ordered = sorted(free, key=_longest_first) + sorted(held, key=_longest_first, reverse=True)
+        self.sums = _prefix(ordered)
+
+    def take(self, k: int) -> tuple[float, ...]:
+        """Per survival point the sum over the best ``k``, then Σ log P(stays); beyond the
+        list, nodes stay."""
+        m = min(k, len(self.sums) - 1)
+        row = self.sums[m]
+        return (*(x + (k - m) for x in row[:-1]), row[-1])
+
+
+def _longest_first(s: Stay) -> tuple:
+    return (-s.fraction, s.leave_p)
+
+
+def _prefix(ordered: Sequence[Stay]) -> list[tuple[float, ...]]:
+    row = (0.0,) * (STAY_POINTS + 1)
+    out = [row]
+    for s in ordered:
+        row = (*(a + b for a, b in zip(row, s.survival)), row[-1] + math.log(max(1e-12, 1.0 - s.leave_p)))
+        out.append(row)
+    return out
+
+
+def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float], float],
+                    cost: RescaleCost, weight: float, horizon_s: float,
+                    stays: Mapping[str, Stay], free: FreeOrder | None) -> tuple[Option, ...]:
+    """The job's options ``(size, value_j(size))`` (size 0 always among them)."""
+    c = job.size
+    h = horizon_s
+    own = _prefix(sorted((stays.get(n, STAYING) for n in job.nodes), key=_longest_first)) if stays else []
+    out = [Option(0, 0.0)]
+    for n in sorted(set(sizes)):
+        if n <= 0:
+            continue
+        pause = cost.up_s if n > c else cost.down_s if n < c else 0.0
+        t = rate(n)
+        if not stays:
+            out.append(Option(n, weight * t * (h - pause)))
+            continue
+        if n <= c:
+            row = own[n]
+        else:
+            extra = free.take(n - c) if free is not None else (*((float(n - c),) * STAY_POINTS), 0.0)
+            row = tuple(a + b for a, b in zip(own[c], extra))
+        work = h / STAY_POINTS * sum(rate(x) if x < n else t for x in row[:-1])
+        preempted = 1.0 - math.exp(row[-1])       # P(some node of A is taken back within H)
+        out.append(Option(n, weight * (work - t * (pause + cost.down_s * preempted))))
+    return tuple(out)
