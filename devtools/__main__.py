@@ -25,6 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     b = sub.add_parser("bench", help="benchmarks that read ../shared/data or the examples")
     bsub = b.add_subparsers(dest="bench_command", required=True, metavar="WHICH")
+    bv = bsub.add_parser("advise", help="sizing advice error on held-out Pollux counts")
+    bv.add_argument("--data", help="shared data directory (default ../shared/data)")
+    bv.add_argument("--json", action="store_true")
+    bv.set_defaults(run=_bench_advise)
     bj = bsub.add_parser("jpa", help="JPA prediction error on the Pollux measurements")
     bj.add_argument("--data", help="shared data directory (default: ../shared/data)")
     bj.add_argument("--json", action="store_true")
@@ -96,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _emit(report, as_json: bool) -> int:
     report.emit(as_json)
     return 0
+
+
+def _bench_advise(a: argparse.Namespace) -> int:
+    from devtools.bench_data import bench_advise
+    return _emit(bench_advise(a.data), a.json)
 
 
 def _bench_jpa(a: argparse.Namespace) -> int:

@@ -63,6 +63,67 @@ def bench_jpa(data: str | None = None) -> Report:
     return Report(res, lines)
 
 
+# -- sizing advice on Pollux -----------------------------------------------------------
+def bench_advise(data: str | None = None) -> Report:
+    """``malletrain advise`` on every Pollux curve (app × local batch, counts in replicas), from
+    the 3 counts the JPA would probe: the error of its predicted time to finish at the held-out
+    counts, and how its deadline advice fares against the truth.  Deadlines: for each held-out
+    count ``k``, the true time at ``k`` (so the true answer is the smallest count at least that
+    fast); the advice is right when it names that count, safe when its count truly meets the
+    deadline, and its cost is its true node-hours over the true optimum's."""
+    from devtools.datasets import APPS, default_data_dir, pollux_curves
+    from malletrain.jpa.advise import advise
+    from malletrain.jpa.advisor import probe_counts
+    data = data or default_data_dir()
+    work = 1e7
+    errs, right, safe, safe_p, extra, lines = [], 0, 0, 0, [], []
+    none_p = 0
+    cases = 0
+    for app in APPS:
+        a_err = []
+        for _bsz, curve in pollux_curves(data, app).items():
+            counts = sorted(curve)
+            probes = [n for n in probe_counts(counts[0], counts[-1]) if n in curve]
+            if len(probes) < 3 or len(counts) < 5:
+                continue
+            adv = advise({n: curve[n] for n in probes}, counts, work)
+            by = {r.nodes: r for r in adv.rows}
+            for n in counts:
+                if n not in probes:
+                    true_t = work / curve[n]
+                    a_err.append(abs(by[n].finish_s - true_t) / true_t)
+            for k in counts:
+                if k in probes:
+                    continue
+                deadline = work / curve[k]
+                best = min(n for n in counts if work / curve[n] <= deadline)
+                got = advise({n: curve[n] for n in probes}, counts, work, deadline)
+                cases += 1
+                right += got.deadline == best
+                safe += got.deadline is not None and work / curve[got.deadline] <= deadline * 1.0000001
+                safe_p += got.deadline_safe is not None and work / curve[got.deadline_safe] <= deadline * 1.0000001
+                none_p += got.deadline_safe is None
+                if got.deadline is not None:
+                    extra.append(got.deadline * curve[best] / (best * curve[got.deadline]) - 1.0)
+        errs += a_err
+        if a_err:
+            lines.append(f"{app:12s} time-to-finish error at held-out counts: mean "
+                         f"{100 * statistics.fmean(a_err):5.1f}%, p90 {100 * percentile(a_err, 0.9):5.1f}% "
+                         f"({len(a_err)} counts)")
+    res = {"work": work, "probes": "probe_counts(min, max) of each curve", "cases": cases,
+           "finish_mape": 100 * statistics.fmean(errs), "finish_p90": 100 * percentile(errs, 0.9),
+           "deadline_right": right / cases, "deadline_met": safe / cases, "deadline_met_pessimistic": safe_p / cases,
+           "deadline_declined_pessimistic": none_p / cases,
+           "node_hours_over_optimum_mean": 100 * statistics.fmean(extra)}
+    lines.append(f"ALL          time-to-finish error: mean {res['finish_mape']:.1f}%, p90 {res['finish_p90']:.1f}%; "
+                 f"deadline advice ({cases} deadlines): the truly smallest count {100 * res['deadline_right']:.0f}%, "
+                 f"meets it {100 * res['deadline_met']:.0f}% (pessimistic pick: meets it "
+                 f"{100 * res['deadline_met_pessimistic']:.0f}%, says no count is sure to "
+                 f"{100 * res['deadline_declined_pessimistic']:.0f}%), node-hours over the optimum "
+                 f"{res['node_hours_over_optimum_mean']:+.1f}%")
+    return Report(res, lines)
+
+
 # -- replay speed --------------------------------------------------------------------
 def bench_replay(nodes: int = 4734, days: float = 15.0, events: int = 850_000, jobs: int = 1000,
                  trace_path: str | None = None, policy: str = "malletrain",

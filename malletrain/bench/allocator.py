@@ -15,7 +15,19 @@ from malletrain.bench import Report
 from malletrain.core.decide import decide, size_grid
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import InputError
-from malletrain.domain.model import DEFAULT_NODE_TYPE, Curve, CurvePoint, JobSpec, JobState, Node, Snapshot
+from malletrain.domain.model import (
+    DEFAULT_NODE_TYPE,
+    NO_OUTLOOK,
+    Curve,
+    CurvePoint,
+    JobSpec,
+    JobState,
+    Node,
+    Outlook,
+    RescaleCost,
+    Snapshot,
+    Stay,
+)
 from malletrain.domain.stats import percentile
 from malletrain.domain.text import clipped
 
@@ -43,16 +55,32 @@ def allocator_instance(nodes: int, jobs: int, seed: int):
     return pool, states, curves
 
 
-def bench_allocator(nodes: int = 4734, jobs: int = 100, repeat: int = 20, seed: int = 0) -> Report:
+def _outlook(pool, states, rng: random.Random) -> Outlook:
+    """Predicted stays for every node (a seeded spread of short- and long-lived ones, as the
+    availability model gives) and learned pauses for every job."""
+    stays = {}
+    for n in pool:
+        tau = rng.choice([0.3, 1.0, 3.0, 30.0])        # the node's mean remaining idle time / H
+        stays[n.name] = Stay(tau * (1.0 - math.exp(-1.0 / tau)), 1.0 - math.exp(-1.0 / tau))
+    costs = {s.job_id: RescaleCost(s.spec.rescale_up_s * rng.uniform(0.5, 1.5),
+                                   s.spec.rescale_down_s * rng.uniform(0.5, 1.5), 3, 3) for s in states}
+    return Outlook(costs, stays)
+
+
+def bench_allocator(nodes: int = 4734, jobs: int = 100, repeat: int = 20, seed: int = 0,
+                    forecasts: bool = True) -> Report:
+    """``forecasts``: decide with an :class:`Outlook` (predicted stays of every node, learned
+    pauses of every job), as the malletrain policy does once it has data."""
     pool, states, curves = allocator_instance(nodes, jobs, seed)
     cfg = CoreConfig(policy="malletrain")
     rng = random.Random(seed + 1)
+    outlook = _outlook(pool, states, random.Random(seed + 2)) if forecasts else NO_OUTLOOK
     lat, objective, now = [], 0.0, 0.0
     live = list(pool)
     for _ in range(repeat):
         snap = Snapshot(now, tuple(live), tuple(states))
         t0 = time.perf_counter()
-        plan = decide(snap, curves, cfg)
+        plan = decide(snap, curves, cfg, outlook)
         lat.append((time.perf_counter() - t0) * 1000)
         objective = plan.objective
         # apply the plan, let time pass, and let the primary scheduler take/return 2% of nodes
@@ -68,10 +96,11 @@ def bench_allocator(nodes: int = 4734, jobs: int = 100, repeat: int = 20, seed: 
                   for s in states]
         states = [s if s.size >= s.spec.min_nodes or s.size == 0 else
                   JobState(s.spec, (), None, 0.0, now) for s in states]
-    res = {"nodes": nodes, "jobs": jobs, "repeat": repeat,
+    res = {"nodes": nodes, "jobs": jobs, "repeat": repeat, "forecasts": forecasts,
            "decision_ms_p50": percentile(lat, 0.5), "decision_ms_p95": percentile(lat, 0.95),
            "decision_ms_max": max(lat), "objective": objective, "solver": plan.solver}
-    return Report(res, [f"allocator {nodes} nodes x {jobs} jobs, {repeat} decisions "
+    return Report(res, [f"allocator {nodes} nodes x {jobs} jobs, {repeat} decisions, "
+                        f"{'with' if forecasts else 'without'} forecasts "
                            f"({plan.solver}): p50 {res['decision_ms_p50']:.1f} ms, p95 "
                            f"{res['decision_ms_p95']:.1f} ms, max {res['decision_ms_max']:.1f} ms, "
                            f"objective {objective:.6g}"])

@@ -9,12 +9,13 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 
-from malletrain.cli.args import bounded, positive, time_arg
-from malletrain.domain.config import ALLOCATORS, MAX_SECONDS, POLICIES, CoreConfig, read_text
+from malletrain.cli.args import bounded, positive, say, time_arg
+from malletrain.domain.config import ALLOCATORS, MAX_SECONDS, OBJECTIVES, POLICIES, CoreConfig, read_text
 from malletrain.domain.errors import InputError
-from malletrain.domain.model import MAX_NODES
+from malletrain.domain.model import MAX_NODES, MAX_PAUSE_S
 from malletrain.domain.text import clipped
 
 EPILOG_REPLAY = """\
@@ -74,8 +75,43 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="MILP time limit per decision (default 5)")
     r.add_argument("--min-dwell", type=bounded(float, 0, MAX_SECONDS), default=0.0, metavar="S",
                    help="keep a new size at least S seconds (hysteresis; default 0)")
+    r.add_argument("--objective", default="samples", choices=OBJECTIVES,
+                   help="samples: samples/s summed over jobs (default); speedup: each job in node-"
+                        "equivalents of its smallest size; progress: share of each job's work per second")
+    r.add_argument("--weight", action="append", default=[], metavar="USER=W", type=_weight,
+                   help="a workload user's jobs count W times (repeatable; default 1)")
+    r.add_argument("--starvation", type=bounded(float, 0, MAX_SECONDS), default=0.0, metavar="S",
+                   help="an admitted job waiting S seconds gets min_nodes before others grow (0 = off)")
+    r.add_argument("--rescale-guess", type=_guess, default=(30.0, 10.0), metavar="UP,DOWN",
+                   help="the rescale pauses (s) the malletrain and bftrainer-guess policies are told "
+                        "and learn from (default 30,10); 'truth': the workload's")
+    r.add_argument("--no-learn-rescale", action="store_true",
+                   help="charge the told pauses for ever (no measurements)")
+    r.add_argument("--no-availability", action="store_true",
+                   help="no predicted node stays (every node counts as staying)")
+    r.add_argument("--window-oracle", action="store_true",
+                   help="hand every idle node its true next busy time (a look-ahead no scheduler has)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    ad = sub.add_parser("advise", help="how many nodes to ask for: time, node-hours, deadline",
+                        description="Predict samples/s (with the JPA's uncertainty band), the time to "
+                                    "finish WORK samples and the node-hours at each node count, and "
+                                    "recommend the count that meets a deadline and the one with the "
+                                    "fewest node-hours within it (also for the pessimistic end of "
+                                    "the band).",
+                        epilog="example:\n  printf 'nodes,samples_per_s\\n1,95\\n2,181\\n4,333\\n' > s.csv\n"
+                               "  malletrain advise --samples s.csv --work 5e7 --deadline 36h",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ad.set_defaults(run=cmd_advise)
+    src = ad.add_mutually_exclusive_group(required=True)
+    src.add_argument("--samples", help="CSV with header nodes,samples_per_s (measurements)")
+    src.add_argument("--profile", help="a profile the daemon measured (read from --state-dir)")
+    ad.add_argument("--state-dir", default="/var/lib/malletrain", help="the daemon's state_dir")
+    ad.add_argument("--nodes", default="1,2,4,8,16,32,64", help="counts to consider (default 1,2,4,..,64)")
+    ad.add_argument("--work", type=positive(float, 1e18), metavar="SAMPLES", help="samples to finish")
+    ad.add_argument("--deadline", type=_duration, metavar="T", help="finish within T (s, or 90m, 36h, 2d)")
+    ad.add_argument("--json", action="store_true", help="print JSON only")
 
     j = sub.add_parser("jpa", help="job profiling advisor tools")
     jsub = j.add_subparsers(dest="jpa_command", required=True, metavar="ACTION")
@@ -93,6 +129,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ba.add_argument("--nodes", type=positive(int, 1_000_000), default=4734)
     ba.add_argument("--jobs", type=positive(int, 100_000), default=100)
     ba.add_argument("--repeat", type=positive(int, 10_000), default=20)
+    ba.add_argument("--no-forecasts", dest="forecasts", action="store_false",
+                    help="decide without predicted node stays and learned pauses (the objective "
+                         "before issue #12)")
     ba.add_argument("--seed", type=int, default=0)
     ba.add_argument("--json", action="store_true", help="print JSON only")
     bc = bsub.add_parser("compare", help="BFTrainer per-node MILP (CBC) vs. count-based allocator")
@@ -149,7 +188,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench_allocator(args: argparse.Namespace) -> int:
     from malletrain.bench.allocator import bench_allocator
-    bench_allocator(args.nodes, args.jobs, args.repeat, args.seed).emit(args.json)
+    bench_allocator(args.nodes, args.jobs, args.repeat, args.seed, forecasts=args.forecasts).emit(args.json)
     return 0
 
 
@@ -192,13 +231,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from malletrain.replay.workload import load_workload
 
     core = CoreConfig(policy=args.policy, horizon_s=args.horizon, allocator=args.allocator,
-                      time_limit_s=args.time_limit, min_dwell_s=args.min_dwell).validate("command line")
+                      time_limit_s=args.time_limit, min_dwell_s=args.min_dwell, objective=args.objective,
+                      user_weights=tuple(sorted(dict(args.weight).items())), starvation_s=args.starvation,
+                      learn_rescale=not args.no_learn_rescale,
+                      availability=not args.no_availability).validate("command line")
     check_out_dir(args.out)       # before the replay, not after it
     workload = load_workload(args.workload)
     trace = load_trace(args.trace, args.format, procs_per_node=args.procs_per_node,
                        nodes=args.nodes, start=args.start, end=args.end)
     opts = ReplayOptions(core=core, interval_s=args.interval, max_jobs=args.max_jobs,
-                         seed=args.seed, noise=args.noise, quiet=args.quiet)
+                         seed=args.seed, noise=args.noise, quiet=args.quiet, rescale_guess=args.rescale_guess,
+                         window_oracle=args.window_oracle)
     result = run_replay(trace, workload, opts)
     write_outputs(result, args.out, plots=not args.no_plots)
     s = result.summary
@@ -209,6 +252,111 @@ def cmd_replay(args: argparse.Namespace) -> int:
               f"{s.rescales} rescales, decide p95 {s.decision_ms_p95:.1f} ms, "
               f"wall {s.wall_s:.1f} s -> {args.out}", file=sys.stderr)
     return 0
+
+
+def _weight(text: str) -> tuple[str, float]:
+    user, sep, w = text.partition("=")
+    if not sep or not user.strip():
+        raise argparse.ArgumentTypeError(f"expected USER=WEIGHT, got {clipped(text)}")
+    return user.strip(), bounded(float, 0, 1e6, above=True)(w)
+
+
+def _guess(text: str) -> tuple[float, float] | None:
+    if text.strip() == "truth":
+        return None
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected UP,DOWN seconds or 'truth', got {clipped(text)}")
+    conv = bounded(float, 0, MAX_PAUSE_S)
+    return conv(parts[0]), conv(parts[1])
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(text: str) -> float:
+    t = text.strip()
+    unit = DURATION_UNITS.get(t[-1:], None) if t else None
+    return bounded(float, 0, MAX_SECONDS, above=True)(t[:-1] if unit else t) * (unit or 1.0)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    import statistics
+
+    from malletrain.jpa.advise import advise
+    counts = _counts(args.nodes)
+    if args.samples:
+        by: dict[int, list[float]] = {}
+        for n, x in _read_samples(args.samples):
+            by.setdefault(n, []).append(x)
+        measured = {n: statistics.median(v) for n, v in sorted(by.items())}
+        what = args.samples
+    else:
+        measured = _profile_medians(args.state_dir, args.profile)
+        what = f"profile {args.profile}"
+    adv = advise(measured, counts, args.work, args.deadline)
+    if args.json:
+        from dataclasses import asdict
+        print(json.dumps(asdict(adv), indent=1))
+        return 0
+    say(f"{what}: measured at {', '.join(map(str, sorted(measured)))} node(s); band = the JPA's "
+        "uncertainty (low is pessimistic)")
+    head = f"{'nodes':>5}  {'samples/s':>10}  {'band':>21}"
+    if args.work:
+        head += f"  {'finish':>9}  {'worst':>9}  {'node-h':>8}"
+    print(head)
+    for a in adv.rows:
+        line = f"{a.nodes:>5}  {a.samples_per_s:>10.4g}  [{a.low:>9.4g}, {a.high:>9.4g}]"
+        if args.work:
+            line += f"  {_hms(a.finish_s):>9}  {_hms(a.finish_worst_s):>9}  {a.node_hours or 0:>8.3g}"
+        print(line + ("  measured" if a.measured else ""))
+    print(f"fastest: {adv.fastest} nodes")
+    if args.work and args.deadline is not None:
+        print(f"meets the {_hms(args.deadline)} deadline: {adv.deadline or 'none'} nodes "
+              f"(pessimistic: {adv.deadline_safe or 'none'})")
+    if args.work:
+        within = f" within {_hms(args.deadline)}" if args.deadline is not None else ""
+        print(f"fewest node-hours{within}: {adv.cheapest or 'none'} nodes (pessimistic: {adv.cheapest_safe or 'none'})")
+    return 0
+
+
+def _hms(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 86400:.1f}d" if s >= 86400 else f"{s / 3600:.1f}h" if s >= 3600 else f"{s / 60:.1f}m"
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:       # also an integer of more than 4300 digits
+        raise InputError(f"--nodes must be comma-separated integers, got {clipped(text)}") from None
+    if not counts or len(counts) > 10_000 or any(not 0 < n <= MAX_NODES for n in counts):
+        raise InputError(f"--nodes must list 1 to 10000 integers from 1 to {MAX_NODES}, got {clipped(text)}")
+    return counts
+
+
+def _profile_medians(state_dir: str, profile: str) -> dict[int, float]:
+    """The profile's measured medians per count, from the daemon's store (read only): each
+    finished job that measured 3 counts, scaled onto the first one (jobs differ by batch size)."""
+    import statistics
+
+    from malletrain.daemon.store import peek
+    path = os.path.join(state_dir, "state.db")
+    retired = peek(path, "retired", {}) or {}
+    jobs = retired.get(profile) if isinstance(retired, dict) else None
+    if not jobs:
+        known = ", ".join(sorted(map(str, retired))[:20]) if isinstance(retired, dict) else ""
+        raise InputError(f"no finished job of profile {clipped(profile)} measured 3 node counts"
+                         f"{'; profiles with data: ' + known if known else ''}", path=path)
+    ref = next(iter(jobs.values()))
+    by: dict[int, list[float]] = {}
+    for m in jobs.values():
+        common = [n for n in m if n in ref]
+        k = statistics.median(float(ref[n]) / float(m[n]) for n in common) if common else 1.0
+        for n, x in m.items():
+            by.setdefault(int(n), []).append(float(x) * k)
+    return {n: statistics.median(v) for n, v in sorted(by.items())}
 
 
 def cmd_jpa_predict(args: argparse.Namespace) -> int:

@@ -15,12 +15,11 @@ The model (no look-ahead: it knows only what it has seen):
   ones closed, so the model follows a workload that changes.
 * For a node idle for ``a`` seconds, its remaining idle time ``R`` has
   ``P(R > t) = S(a + t) / S(a)``.  Over the objective's horizon ``H`` the core
-  needs that chance at the midpoints ``t_q = (q + ½)·H/Q`` of ``Q`` equal parts
-  of the horizon (:data:`STAY_POINTS`; the midpoint rule then gives
-  ``E[min(R, H)]``) and ``leave_p = P(R < H) = 1 − S(a + H) / S(a)``
-  (:class:`Stay`).  Between grid points ``S`` is linear; beyond the longest
-  stretch seen it stays flat (a node older than every stretch seen is expected
-  to stay).
+  needs the share of the horizon it stays, ``fraction = E[min(R, H)] / H =
+  ∫₀ᴴ S(a + t) / S(a) dt / H``, and ``leave_p = P(R < H) = 1 − S(a + H) / S(a)``
+  (:class:`Stay`).  Between grid points ``S`` is linear (so the integral is
+  exact on it); beyond the longest stretch seen it stays flat (a node older than
+  every stretch seen is expected to stay).
 * Nodes differ (a primary scheduler fills some first): each node's own recent
   stretches scale the pooled curve in time (an accelerated-failure-time model):
   node ``i`` has ``S_i(t) = S(t / f_i)`` with ``f_i`` the geometric mean of its
@@ -30,8 +29,8 @@ The model (no look-ahead: it knows only what it has seen):
   node whose stretches are twice the typical length is expected to stay twice as
   long at any age.
 * Where Slurm knows more — a pending job planned on the node, a reservation —
-  the node's window end ``w`` caps ``R``: the survival is 0 from ``w − now`` on
-  and ``leave_p`` is 1 when ``w − now < H``.
+  the node's window end ``w`` caps ``R``: the integral stops at ``w − now`` and
+  ``leave_p`` is 1 when ``w − now < H``.
 * Until ``min_stretches`` stretches have closed there is no prediction: nodes
   count as staying the whole horizon (the objective is then the plain one),
   except where a window end is known.
@@ -48,7 +47,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from malletrain.domain.model import STAY_POINTS, Node, Stay
+from malletrain.domain.model import Node, Stay
 
 GRID_RATIO = 1.25           # consecutive grid points differ by 25%
 NODE_MEMORY = 8             # a node's own stretches that set its time scale
@@ -178,13 +177,17 @@ class IdleHistory:
 
 
 class _StayTable:
-    """``S`` on the grid, and stays memoised per age interval."""
+    """``S`` on the grid with its running integral, and stays memoised per age interval."""
 
     def __init__(self, surv: list[float] | None, horizon_s: float) -> None:
         self.surv = surv
         self.h = horizon_s
-        self.points = tuple((q + 0.5) * horizon_s / STAY_POINTS for q in range(STAY_POINTS))
         self.memo: dict[tuple[int, int], Stay] = {}
+        cum = [0.0]
+        if surv is not None:
+            for i in range(len(GRID) - 1):
+                cum.append(cum[-1] + (surv[i] + surv[i + 1]) / 2.0 * (GRID[i + 1] - GRID[i]))
+        self.cum = cum
 
     def s(self, t: float) -> float:
         if self.surv is None:
@@ -195,15 +198,26 @@ class _StayTable:
         w = (t - GRID[i]) / (GRID[i + 1] - GRID[i])
         return self.surv[i] * (1 - w) + self.surv[i + 1] * w
 
+    def integral(self, t: float) -> float:
+        """∫₀ᵗ S."""
+        if self.surv is None:
+            return t
+        if t >= GRID[-1]:
+            return self.cum[-1] + self.surv[-1] * (t - GRID[-1])
+        i = _index(t)
+        return self.cum[i] + (self.surv[i] + self.s(t)) / 2.0 * (t - GRID[i])
+
     def _conditional(self, age: float, window_s: float | None, f: float) -> Stay:
         """The stay of a node of ``age`` and time scale ``f`` (its survival is ``S(t / f)``)."""
+        upto = self.h if window_s is None else min(self.h, window_s)
+        leave_window = 1.0 if window_s is not None and window_s < self.h else 0.0
         sa = self.s(age / f)
-        cut = math.inf if window_s is None else window_s
         if sa <= 0.0:             # older than anything that ended: nothing says it will end
-            return Stay(tuple(1.0 if t < cut else 0.0 for t in self.points), 1.0 if cut < self.h else 0.0)
-        surv = tuple(min(1.0, self.s((age + t) / f) / sa) if t < cut else 0.0 for t in self.points)
-        leave = 1.0 if cut < self.h else min(1.0, max(0.0, 1.0 - self.s((age + self.h) / f) / sa))
-        return Stay(surv, leave)
+            return Stay(upto / self.h, leave_window)
+        # ∫ S((age + t)/f) dt over [0, upto] = f · (I((age + upto)/f) − I(age/f))
+        usable = f * (self.integral((age + upto) / f) - self.integral(age / f)) / sa
+        leave = max(leave_window, min(1.0, max(0.0, 1.0 - self.s((age + self.h) / f) / sa)))
+        return Stay(min(1.0, max(0.0, usable / self.h)), leave)
 
     def stay(self, age_s: float, window_s: float | None, scale: int = 0) -> Stay:
         """``scale``: the node's time scale as a power of GRID_RATIO."""

@@ -254,8 +254,9 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
     if stays:   # the nodes a growing job could get: free ones first, then those of jobs that may shrink
         taken = {n for j in snapshot.jobs if j.job_id in targets for n in j.nodes}
         held = {n for j in jobs for n in j.nodes}
+        grow = max((j.spec.max_nodes - j.size for j in jobs), default=0)
         free = FreeOrder([stays.get(n, STAYING) for n in pool if n not in taken and n not in held],
-                         [stays.get(n, STAYING) for n in held])
+                         [stays.get(n, STAYING) for n in held], limit=grow)
     protect = cfg.starvation_s
     for j in jobs:
         curve = curves.get(j.job_id)

@@ -5,7 +5,7 @@ for the ``malletrain``, ``oracle`` and ``greedy`` policies.  For a job ``j``
 that holds ``c`` nodes now, a candidate size ``n`` is worth its expected
 useful work over the next ``H`` seconds, in the objective's unit::
 
-    value_j(n) = w_j · [ (H/Q) · Σ_q T_j(N_q(A))  −  p(c→n) · T_j(n)  −  d_j · T_j(n) · D(A) ]
+    value_j(n) = w_j · [ H · T_j(N(A))  −  p(c→n) · T_j(n)  −  d_j · T_j(n) · D(A) ]
     value_j(0) = 0
 
 * ``T_j(n)``: predicted samples/s at ``n`` nodes (the JPA's curve, or the truth
@@ -15,15 +15,15 @@ useful work over the next ``H`` seconds, in the objective's unit::
   its own and adds the ``n − c`` free nodes expected to stay longest, and beyond
   the free ones, the nodes other jobs would give up (their shortest stays
   first: that is what a shrinking job releases).  (Each growing job is valued as
-  if the best free nodes were its own; placement hands them out in FIFO order,
-  so when several jobs grow at once the later ones get somewhat shorter stays
+  if the best free nodes were its own; placement hands them out in order of
+  exposure, so when several jobs grow at once some get somewhat shorter stays
   than valued.  The next decision corrects it.)
-* ``N_q(A) = Σ_{i∈A} P(node i still idle at t_q)``: the expected number of the
-  job's nodes left at the midpoints ``t_q = (q + ½)·H/Q`` of ``Q`` =
-  :data:`STAY_POINTS` parts of the horizon (:mod:`malletrain.core.availability`;
-  a node without a prediction stays).  The job runs at ``T_j`` of the nodes it
-  has left: a node that leaves early costs the concave curve's marginal rate,
-  not an average one.  With every node staying this is ``H · T_j(n)``.
+* ``N(A) = Σ_{i∈A} fraction_i``: the job's expected node count averaged over
+  the horizon, each node counting the share of the horizon it is expected to
+  stay (:mod:`malletrain.core.availability`; 1 for a node without a
+  prediction).  The job runs at ``T_j`` of the nodes it has left, so a node that
+  leaves early costs the concave curve's marginal rate, not an average one.
+  With every node staying this is ``H · T_j(n)``.
 * ``p(c→n)``: the rescale pause of the change, at the new size's rate: ``up_j``
   for a start or a grow, ``down_j`` for a shrink, 0 for no change.  The pauses
   are the learned ones (:mod:`malletrain.jpa.rescale`), or the job's configured
@@ -49,11 +49,12 @@ waiting.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 
 from malletrain.domain.config import CoreConfig
-from malletrain.domain.model import STAY_POINTS, STAYING, JobState, RescaleCost, Stay
+from malletrain.domain.model import STAYING, JobState, RescaleCost, Stay
 from malletrain.milp.problem import Option
 
 
@@ -70,33 +71,37 @@ def unit_weight(job: JobState, rate: Callable[[float], float], cfg: CoreConfig) 
 
 
 class FreeOrder:
-    """Stays of the nodes a growing job could get, as prefix sums (of each survival point and
-    of ``log(1 − leave_p)``, whose exp is the chance that none leaves): the free nodes longest
+    """Stays of the nodes a growing job could get, as prefix sums of ``fraction`` and of
+    ``log(1 − leave_p)`` (whose exp is the chance that none leaves): the free nodes longest
     first, then the nodes other jobs would give up, shortest first (a shrinking job gives up
-    the nodes expected to leave first)."""
+    the nodes expected to leave first).  Only the first ``limit`` are kept (no job grows by
+    more)."""
 
-    def __init__(self, free: Sequence[Stay], held: Sequence[Stay] = ()) -> None:
-        ordered = sorted(free, key=_longest_first) + sorted(held, key=_longest_first, reverse=True)
-        self.sums = _prefix(ordered)
+    def __init__(self, free: Sequence[Stay], held: Sequence[Stay] = (), limit: int | None = None) -> None:
+        k = len(free) + len(held) if limit is None else limit
+        best = heapq.nlargest(min(k, len(free)), free, key=_stays_long)
+        if len(best) < k:
+            best += heapq.nsmallest(k - len(best), held, key=_stays_long)
+        self.sums = _prefix(best)
 
-    def take(self, k: int) -> tuple[float, ...]:
-        """Per survival point the sum over the best ``k``, then Σ log P(stays); beyond the
-        list, nodes stay."""
+    def take(self, k: int) -> tuple[float, float]:
+        """(Σ fraction, Σ log P(stays)) of the best ``k`` (beyond the list, nodes stay)."""
         m = min(k, len(self.sums) - 1)
-        row = self.sums[m]
-        return (*(x + (k - m) for x in row[:-1]), row[-1])
+        f, log_stay = self.sums[m]
+        return f + (k - m), log_stay
 
 
-def _longest_first(s: Stay) -> tuple:
-    return (-s.fraction, s.leave_p)
+def _stays_long(s: Stay) -> tuple[float, float]:
+    return (s.fraction, -s.leave_p)
 
 
-def _prefix(ordered: Sequence[Stay]) -> list[tuple[float, ...]]:
-    row = (0.0,) * (STAY_POINTS + 1)
-    out = [row]
+def _prefix(ordered: Sequence[Stay]) -> list[tuple[float, float]]:
+    f = log_stay = 0.0
+    out = [(0.0, 0.0)]
     for s in ordered:
-        row = (*(a + b for a, b in zip(row, s.survival)), row[-1] + math.log(max(1e-12, 1.0 - s.leave_p)))
-        out.append(row)
+        f += s.fraction
+        log_stay += math.log(max(1e-12, 1.0 - s.leave_p))
+        out.append((f, log_stay))
     return out
 
 
@@ -106,7 +111,8 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
     """The job's options ``(size, value_j(size))`` (size 0 always among them)."""
     c = job.size
     h = horizon_s
-    own = _prefix(sorted((stays.get(n, STAYING) for n in job.nodes), key=_longest_first)) if stays else []
+    own = (_prefix(sorted((stays.get(n, STAYING) for n in job.nodes), key=_stays_long, reverse=True))
+           if stays and c else [(0.0, 0.0)])
     out = [Option(0, 0.0)]
     for n in sorted(set(sizes)):
         if n <= 0:
@@ -117,11 +123,11 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
             out.append(Option(n, weight * t * (h - pause)))
             continue
         if n <= c:
-            row = own[n]
+            count, log_stay = own[n]
         else:
-            extra = free.take(n - c) if free is not None else (*((float(n - c),) * STAY_POINTS), 0.0)
-            row = tuple(a + b for a, b in zip(own[c], extra))
-        work = h / STAY_POINTS * sum(rate(x) if x < n else t for x in row[:-1])
-        preempted = 1.0 - math.exp(row[-1])       # P(some node of A is taken back within H)
+            fk, lk = free.take(n - c) if free is not None else (float(n - c), 0.0)
+            count, log_stay = own[c][0] + fk, own[c][1] + lk
+        work = h * (rate(count) if count < n - 1e-9 else t)
+        preempted = 1.0 - math.exp(log_stay)       # P(some node of A is taken back within H)
         out.append(Option(n, weight * (work - t * (pause + cost.down_s * preempted))))
     return tuple(out)

@@ -33,7 +33,7 @@ def _ranker(stays: Mapping[str, Stay]) -> Callable[[Node], tuple]:
     """Sort key: nodes expected to stay longest first."""
     def rank(n: Node) -> tuple:
         s = stays.get(n.name)
-        first = (-s.fraction, s.leave_p) if s is not None else (-math.inf, 0.0)
+        first = (-s.fraction, s.leave_p) if s is not None else (-1.0, 0.0)
         return (*first, -(math.inf if n.window_end_s is None else n.window_end_s), n.variability, n.name)
     return rank
 

@@ -139,3 +139,22 @@ class Store:
     def get(self, key: str, default=None):
         row = self.db.execute("SELECT data FROM kv WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
+
+
+def peek(path: str, key: str, default=None):
+    """One key/value entry of a store, read without writing (``malletrain advise``); a store that
+    cannot be opened or read is an :class:`InputError` naming it."""
+    import sqlite3
+
+    from malletrain.domain.errors import InputError
+    if not os.path.exists(path):
+        raise InputError("no daemon state here", path=path)
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = db.execute("SELECT data FROM kv WHERE key=?", (key,)).fetchone()
+        finally:
+            db.close()
+        return json.loads(row[0]) if row else default
+    except (sqlite3.Error, ValueError, OSError) as exc:
+        raise InputError(f"cannot read the daemon's state: {exc}", path=path) from None

@@ -175,25 +175,15 @@ class RescaleCost:
         return f"learned ({self.up_n} up, {self.down_n} down)"
 
 
-STAY_POINTS = 4      # a Stay's survival is known at the midpoints of this many equal parts of H
-
-
 @dataclass(frozen=True)
 class Stay:
-    """A harvestable node's predicted idle time over the objective's horizon H: the chance
-    it is still idle at the midpoints ``(q + ½)·H / STAY_POINTS`` of the horizon, and the
-    chance it is taken back before the horizon ends."""
+    """A harvestable node's predicted idle time over the objective's horizon H."""
 
-    survival: tuple[float, ...]   # P(still idle at each midpoint), non-increasing
-    leave_p: float                # P(taken back within H)
-
-    @property
-    def fraction(self) -> float:
-        """E[min(remaining idle, H)] / H (midpoint rule)."""
-        return sum(self.survival) / len(self.survival)
+    fraction: float      # E[min(remaining idle time, H)] / H: the share of the horizon it stays
+    leave_p: float       # P(taken back within H)
 
 
-STAYING = Stay((1.0,) * STAY_POINTS, 0.0)
+STAYING = Stay(1.0, 0.0)
 
 
 @dataclass(frozen=True)
