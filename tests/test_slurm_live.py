@@ -377,7 +377,8 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
     d = DaemonProc(tmp_path, clean, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "6000000"}).start()
     try:
         assert srv.recv(200).decode().startswith("READY=1")
-        assert srv.recv(200).decode() == "WATCHDOG=1"
+        first = [srv.recv(200).decode() for _ in range(2)]     # each cycle: its status line, the watchdog
+        assert first[0].startswith("STATUS=cycle 1 (every 2s): ") and first[1] == "WATCHDOG=1", first
         wait_until(lambda: d.status(), 30, "first cycle")
         good = d.config.read_text()
         d.config.write_text(good.replace("interval_s: 2.0", "interval_s: 2.0\n  bogus_key: 1"))
@@ -397,7 +398,7 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
             msgs.append(srv.recv(200).decode())
     except TimeoutError:
         pass
-    assert msgs[-1] == "STOPPING=1"
+    assert msgs[-1] == "STOPPING=1" and any(m.startswith("STATUS=cycle ") for m in msgs)
     bad = tmp_path / "bad.yaml"
     bad.write_text("daemon:\n  intervall_s: 3\n")
     out = subprocess.run([os.sys.executable, "-m", "malletrain", "daemon", "--config", str(bad)],
