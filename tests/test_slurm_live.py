@@ -12,6 +12,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -316,6 +317,56 @@ def test_slurmctld_outage_is_waited_out(clean, tmp_path):
         assert d.stop() == 0
 
 
+@MATRIX
+def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
+    """Primary jobs of known sizes run; slurmdbd's record of them (``sacct``, the export the
+    README names, in Slurm's default time format) is replayed: the idle node-seconds replay
+    finds are those the accounting records leave, and the malleable job harvests them."""
+    cluster = clean
+    t0 = time.time()
+
+    def primary(nodes: int, seconds: int, *extra: str) -> str:
+        return cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", str(nodes), *extra,
+                          "--wrap", f"sleep {seconds}").strip().split(";")[0]
+    a, b = primary(2, 6), primary(1, 3)
+    c = primary(4, 4, f"--dependency=afterany:{a}:{b}")
+    ids = (a, b, c)
+    wait_until(lambda: not set(ids) & set(cluster.jobs()), 90, "the primary jobs to end")
+    env = {k: v for k, v in cluster.env.items() if k != "SLURM_TIME_FORMAT"}    # as a centre's sacct prints
+
+    def export() -> str:
+        out = subprocess.run(["sacct", "--allusers", "--allocations", "--parsable2", "-S",
+                              time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0 - 60)),
+                              "-j", ",".join(ids), "--format", "JobID,Start,End,NodeList,State"],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    text = wait_until(lambda: (t := export()).count("COMPLETED") == 3 and t, 60,
+                      "slurmdbd to record the three jobs")
+    trace = tmp_path / "history.sacct"
+    trace.write_text(text)
+    rows = [line.split("|") for line in text.splitlines()[1:]]
+    assert [r[4] for r in rows] == ["COMPLETED"] * 3 and not rows[0][1].isdigit()    # ISO times
+    from malletrain.domain.timeutil import parse_time
+    span = [(parse_time(r[1]), parse_time(r[2]), r[3]) for r in rows]
+    nodes_of = {"n[1-2]": 2, "n1": 1, "n2": 1, "n3": 1, "n4": 1, "n[1-4]": 4, "n[3-4]": 2}
+    busy = sum((e - s) * nodes_of[nl] for s, e, nl in span)
+    first, last = min(s for s, _, _ in span), max(e for _, e, _ in span)
+    assert 4 * (last - first) - busy > 0, f"the jobs left no idle node-second: {span}"
+    workload = tmp_path / "workload.yaml"
+    workload.write_text("jobs:\n- {name: trial, submit: 0, min_nodes: 1, max_nodes: 4, work: 1000000000,"
+                        " rescale_up_s: 0, rescale_down_s: 0, throughput: {1: 100, 2: 190, 4: 360}}\n")
+    out = subprocess.run([sys.executable, "-m", "malletrain", "replay", "--trace", str(trace), "--workload",
+                          str(workload), "--out", str(tmp_path / "replay"), "--interval", "1", "--no-plots",
+                          "--quiet"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "replay" / "summary.json").read_text())
+    # the replayed window runs from the first start to one second past the last end
+    assert summary["trace_span_s"] == pytest.approx(last - first + 1.0)
+    assert summary["nodes"] == 4 and summary["idle_node_s"] == pytest.approx(4 * summary["trace_span_s"] - busy)
+    assert summary["allocated_node_s"] > 0 and summary["useful_samples"] > 0
+
+
 def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
     import socket
     sock_path = str(tmp_path / "notify.sock")
@@ -326,7 +377,8 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
     d = DaemonProc(tmp_path, clean, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "6000000"}).start()
     try:
         assert srv.recv(200).decode().startswith("READY=1")
-        assert srv.recv(200).decode() == "WATCHDOG=1"
+        first = [srv.recv(200).decode() for _ in range(2)]     # each cycle: its status line, the watchdog
+        assert first[0].startswith("STATUS=cycle 1 (every 2s): ") and first[1] == "WATCHDOG=1", first
         wait_until(lambda: d.status(), 30, "first cycle")
         good = d.config.read_text()
         d.config.write_text(good.replace("interval_s: 2.0", "interval_s: 2.0\n  bogus_key: 1"))
@@ -346,7 +398,7 @@ def test_daemon_reloads_config_and_rejects_bad_config(clean, tmp_path):
             msgs.append(srv.recv(200).decode())
     except TimeoutError:
         pass
-    assert msgs[-1] == "STOPPING=1"
+    assert msgs[-1] == "STOPPING=1" and any(m.startswith("STATUS=cycle ") for m in msgs)
     bad = tmp_path / "bad.yaml"
     bad.write_text("daemon:\n  intervall_s: 3\n")
     out = subprocess.run([os.sys.executable, "-m", "malletrain", "daemon", "--config", str(bad)],
