@@ -217,3 +217,32 @@ def test_each_cycle_tells_systemd_what_it_sees(tmp_path):
             "Slurm unreachable, jobs left as they are")
     finally:
         d.store.close()
+
+
+def test_the_ledger_counts_completions_waits_and_fairness():
+    from malletrain.core.backend import JobFacts, Observation
+    from malletrain.daemon.outcomes import Ledger
+    from malletrain.domain.model import JobSpec, JobState, Snapshot
+
+    def job(jid, user, nodes=()):
+        return JobState(JobSpec(jid, 1, 4, 0, 0, "", 100.0, jid, user), tuple(nodes))
+
+    def obs(t, jobs, ended=(), finished=()):
+        facts = {j.job_id: JobFacts("", j.spec.owner) for j in jobs}
+        return Observation(Snapshot(t, (), tuple(jobs)), tuple(finished), facts, None,
+                           {jid: JobFacts("", "alice", state=state) for jid, state in ended})
+    led = Ledger(lambda user: 2.0 if user == "bob" else 1.0)
+    led.observe(obs(100.0, [job("1", "alice"), job("2", "bob")]), {})
+    led.observe(obs(160.0, [job("1", "alice", ("n1", "n2")), job("2", "bob")]), {})
+    led.observe(obs(260.0, [job("1", "alice", ("n1", "n2")), job("2", "bob", ("n3",))]), {})
+    led.observe(obs(360.0, [job("2", "bob", ("n3",))], ended=[("1", "COMPLETED")]), {"1": True})
+    led.observe(obs(400.0, [job("2", "bob", ("n3",))], ended=[("1", "COMPLETED")]), {"1": True})  # once
+    o = led.outcomes()
+    assert o.completed == 1 and o.jct_mean_s == 260.0 and o.wait_mean_s == 60.0
+    assert led.node_s == {"alice": 400.0, "bob": 140.0}
+    assert o.users == 2 and o.jain_users == (400 + 70) ** 2 / (2 * (400 ** 2 + 70 ** 2))
+    led.observe(obs(460.0, [], ended=[("2", "FAILED")], finished=["1"]), {"2": False})
+    assert led.outcomes().completed == 1 and "1" not in led.submit      # a failed run is no completion
+    again = Ledger()
+    again.load(led.dump())
+    assert again.outcomes().completed == 1 and again.node_s == led.node_s

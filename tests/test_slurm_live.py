@@ -7,6 +7,7 @@ jobs are sbatch jobs running the synthetic malleable job, the daemon is the
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -173,6 +174,12 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
             st = d.status()
             return st and st.idle_nodes == 0 and sum(j.size for j in st.jobs) == 4
         wait_until(all_nodes_harvested, 90, "malleable jobs to hold all 4 nodes again")
+        # the pauses its changes really cost are measured and shown beside the configured ones
+        learned = {j.job: j.rescale for j in d.status().jobs}
+        assert all(r is not None for r in learned.values()) and any(r.up_n >= 1 for r in learned.values()), learned
+        assert all(0 < r.up_s < 120 for r in learned.values() if r.up_n), learned
+        keep_figures(f"learned-pauses-{cluster.release}.json",
+                     {j: dataclasses.asdict(r) for j, r in learned.items()}, tmp_path)
         ours = _ours(cluster)
         assert sorted(ours) == sorted([a, b]), "job ids must survive rescales"
         sizes = {j: {r["nodes"] for r in metrics_records(tmp_path, j) if r["event"] == "progress"}
@@ -198,6 +205,7 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
         why = subprocess.run([os.sys.executable, "-m", "malletrain", "explain", a, "--state-dir",
                               str(d.state_dir)], capture_output=True, text=True, env=cluster.env)
         assert why.returncode == 0 and "why:" in why.stdout and "recent changes" in why.stdout
+        assert "rescale pauses: up" in why.stdout and ("learned from" in why.stdout or learned[a].up_n == 0)
         # the backend read the release once and said what differs (slurm/versions.py)
         said = [x for x in d.lines() if "slurm_release" in x]
         assert [x["slurm_release"] for x in said] == [cluster.release], said

@@ -117,9 +117,12 @@ def _status_lines(st: DaemonStatus):
     from malletrain.slurm.parse import collect
     age = time.time() - st.t
     c = st.counters
+    o = st.outcomes
+    done = (f"; {o.completed} completed (completion p95 {o.jct_p95_s / 60:.0f} min, wait p95 "
+            f"{o.wait_p95_s / 60:.0f} min), Jain {o.jain_users:.2f} over {o.users} user(s)") if o else ""
     yield (f"cycle {st.cycle} ({age:.0f}s ago), Slurm {'up' if st.slurm_up else 'DOWN'}, "
            f"{st.idle_nodes} idle node(s) in {st.partition}; {c.starts} starts, {c.rescales} rescales, "
-           f"{c.preemptions} preemptions, {c.vacates} vacates")
+           f"{c.preemptions} preemptions, {c.vacates} vacates{done}")
     head = f"{'JOB':>7} {'NAME':<14} {'STATE':<8} {'SIZE':>4} {'RANGE':>6} {'NODES':<12} " \
            f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
     if not st.state_writable:
@@ -158,6 +161,14 @@ def _explain_lines(job):
     if job.measured:
         m = job.measured
         yield f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)"
+    if job.rescale:
+        r = job.rescale
+
+        def side(value: float, n: int, configured: float) -> str:
+            return (f"{value:.3g}s learned from {n} measurement(s) (configured {configured:.3g}s)" if n
+                    else f"{value:.3g}s" + (" configured" if value == configured else " (its profile's)"))
+        yield (f"rescale pauses: up {side(r.up_s, r.up_n, r.configured_up_s)}; "
+               f"down {side(r.down_s, r.down_n, r.configured_down_s)}")
     if job.curve:
         probe = f", next probe at {job.probe} node(s)" if job.probe else ""
         yield (f"predicted throughput ({job.curve_source}{probe}): " +

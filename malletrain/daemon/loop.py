@@ -26,6 +26,7 @@ from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
 from malletrain.core.forecast import ForecastSource
+from malletrain.daemon.outcomes import Ledger
 from malletrain.daemon.progress import ProgressSource, ProgressTail
 from malletrain.daemon.recovery import GIVE_UP, Ended, Recovery, RecoveryConfig, Running
 from malletrain.daemon.service import DaemonMetrics, Notifier, serve_metrics, status_line
@@ -129,6 +130,11 @@ class Daemon:
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             log.warning("stored rescale pauses unreadable, learning them afresh: %s", exc)
         self._rescale_saved = self.forecast.learner.version
+        self.ledger = Ledger(self.config.core.weight)
+        try:
+            self.ledger.load(self.store.get("outcomes", {}))
+        except (TypeError, ValueError, AttributeError) as exc:
+            log.warning("stored job outcomes unreadable, counting afresh: %s", exc)
         try:
             self.source.advisor.load_retired(self.store.get("retired", {}))
         except (TypeError, ValueError, AttributeError) as exc:
@@ -193,6 +199,7 @@ class Daemon:
             self._safety_net()
             self._forget_finished()
             self._save_rescale()
+            self._count_outcomes()
             self.plan = result.plan
             for a in result.plan.actions:
                 self.reasons[a.job_id] = a
@@ -273,6 +280,18 @@ class Daemon:
         except StateError as exc:
             self._state_failed(exc)
 
+    def _count_outcomes(self) -> None:
+        obs = self.journal.last
+        if obs is None:
+            return
+        before = self.ledger.completed
+        self.ledger.observe(obs, self.progress.final)
+        if self.ledger.completed != before or obs.finished:
+            try:
+                self.store.put("outcomes", self.ledger.dump())
+            except StateError as exc:
+                self._state_failed(exc)
+
     def _save_rescale(self) -> None:
         """The learned rescale pauses survive a restart (written when they changed)."""
         learner = self.forecast.learner
@@ -352,6 +371,7 @@ class Daemon:
         self.config = new
         self.source = CurveSource(new.core, advisor=self.source.advisor)
         self.forecast = ForecastSource(new.core, learner=self.forecast.learner, history=self.forecast.history)
+        self.ledger.weight = new.core.weight
         self.recovery.config = _recovery_config(new.daemon)
         self.backend.slurm, self.backend.daemon = new.slurm, new.daemon
         fresh = make_runner(new)
@@ -442,7 +462,7 @@ class Daemon:
             state_writable=self.store_down_since is None, state_error=self.store_error,
             excluded_nodes={n: f"until {until:.0f}: {why}"
                             for n, (until, why) in sorted(self.recovery.excluded.items())},
-            failures=dict(self.recovery.failures))
+            failures=dict(self.recovery.failures), outcomes=self.ledger.outcomes())
 
     def _write_status(self, result: CycleResult | None) -> None:
         try:

@@ -15,6 +15,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
+from malletrain.daemon.outcomes import Outcomes
 from malletrain.domain.errors import InputError
 from malletrain.domain.timeutil import MAX_EPOCH_S
 
@@ -123,6 +124,7 @@ class DaemonStatus:
     state_error: str = ""
     excluded_nodes: dict[str, str] = field(default_factory=dict)   # node -> until/why (safety net)
     failures: dict[str, int] = field(default_factory=dict)         # job -> failures so far
+    outcomes: Outcomes | None = None    # completions, completion time, wait, fairness over users
 
     def job(self, job_id: str) -> JobStatus | None:
         return next((j for j in self.jobs if j.job == job_id), None)
@@ -177,8 +179,10 @@ def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
         rescale=None if j.get("rescale") is None else _build(Rescale, j["rescale"])))
         for j in doc["jobs"])
     lc = doc["last_cycle"]
+    oc = doc.get("outcomes")
     return _build(DaemonStatus, dict(doc, vacating=tuple(doc["vacating"]), counters=_build(Counters, doc["counters"]),
-                                     last_cycle=None if lc is None else _build(CycleStats, lc), jobs=jobs))
+                                     last_cycle=None if lc is None else _build(CycleStats, lc), jobs=jobs,
+                                     outcomes=None if oc is None else _build(Outcomes, oc)))
 
 
 def _build(cls: type, d: dict[str, Any]) -> Any:
