@@ -29,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     bv.add_argument("--data", help="shared data directory (default ../shared/data)")
     bv.add_argument("--json", action="store_true")
     bv.set_defaults(run=_bench_advise)
+    bf = bsub.add_parser("fairness", help="raw samples/s vs. the unit-free objectives on a mixed workload")
+    bf.add_argument("--data", help="shared data directory (default ../shared/data)")
+    bf.add_argument("--trace", help="node-event trace (default: examples/philly-1day.csv.gz)")
+    bf.add_argument("--jobs", type=int, default=80)
+    bf.add_argument("--seed", type=int, default=21)
+    bf.add_argument("--json", action="store_true")
+    bf.set_defaults(run=_bench_fairness)
     bj = bsub.add_parser("jpa", help="JPA prediction error on the Pollux measurements")
     bj.add_argument("--data", help="shared data directory (default: ../shared/data)")
     bj.add_argument("--json", action="store_true")
@@ -105,6 +112,11 @@ def _emit(report, as_json: bool) -> int:
 def _bench_advise(a: argparse.Namespace) -> int:
     from devtools.bench_data import bench_advise
     return _emit(bench_advise(a.data), a.json)
+
+
+def _bench_fairness(a: argparse.Namespace) -> int:
+    from devtools.bench_data import bench_fairness
+    return _emit(bench_fairness(a.data, a.trace, a.jobs, a.seed, progress=not a.json), a.json)
 
 
 def _bench_jpa(a: argparse.Namespace) -> int:

@@ -68,9 +68,18 @@ def full_curves(data_dir: str) -> dict[str, dict[int, float]]:
     return out
 
 
+# How much each model slows down on a slow node (the slowdown exponent a replay job gets with
+# ``sensitive=True``), after PAL's application classes (SC'24: A compute-bound ... D
+# memory-bound): the CNNs as class A, the recurrent/attention models as B, NCF as D.  An
+# assumption for replay, stated here; the live daemon learns it from the jobs' own samples.
+SENSITIVITY = {"imagenet": 1.0, "cifar10": 1.0, "yolov3": 1.0, "deepspeech2": 0.6, "bert": 0.6, "ncf": 0.1}
+TOPOLOGY_PENALTY = 0.05   # share of the rate lost per extra topology group (replay assumption)
+
+
 def make_workload(data_dir: str, n_jobs: int, span_s: float, seed: int = 0,
-                  work_node_hours: tuple[float, float] = (2.0, 24.0)) -> dict:
-    """A seeded malleable workload: Poisson arrivals over ``span_s``."""
+                  work_node_hours: tuple[float, float] = (2.0, 24.0), sensitive: bool = False) -> dict:
+    """A seeded malleable workload: Poisson arrivals over ``span_s``; ``sensitive``: each job
+    also slows down on slow nodes and across topology groups (:data:`SENSITIVITY`)."""
     rng = random.Random(seed)
     curves = full_curves(data_dir)
     jobs = []
@@ -90,6 +99,7 @@ def make_workload(data_dir: str, n_jobs: int, span_s: float, seed: int = 0,
             "max_nodes": max_nodes, "work": round(work, 1),
             "rescale_up_s": rng.choice([20, 30, 60]), "rescale_down_s": rng.choice([5, 10, 20]),
             "profile": app,
+            **({"sensitivity": SENSITIVITY[app], "topology_penalty": TOPOLOGY_PENALTY} if sensitive else {}),
             "throughput": {int(n): round(x, 3) for n, x in sorted(curve.items())},
         })
         t += rng.expovariate(n_jobs / span_s)
@@ -180,3 +190,34 @@ def synthetic_trace(nodes: int, days: float, target_events: int, seed: int = 0,
     tr = _assign_first_fit(np.array(starts), np.array(ends), np.array(sizes), nodes, 0, prefix="s")
     tr.start_s, tr.end_s = t0, t_end
     return tr
+
+
+def longhorn_nodes(data_dir: str) -> list[tuple[str, float]]:
+    """(cabinet, slowdown) of every TACC Longhorn node PAL measured (ResNet runs, MIT): a node's
+    median iteration time over the median of all runs."""
+    path = os.path.join(data_dir, "variability", "pal", "resnet-longhorn-agg.csv")
+    by: dict[tuple[str, str], list[float]] = defaultdict(list)
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read PAL data: {exc.strerror}", path=path) from exc
+    with fh:
+        rows = list(csv.DictReader(fh))
+    for row in rows:
+        by[(row["cabinet"], row["cab-node"])].append(float(row["mean_iter_dur"]))
+    med = statistics.median(float(r["mean_iter_dur"]) for r in rows)
+    return [(cab, statistics.median(v) / med) for (cab, _node), v in sorted(by.items())]
+
+
+def node_info_rows(data_dir: str, nodes: list[str], seed: int = 0) -> list[tuple[str, str, float]]:
+    """(node, group, slowdown) for a trace's nodes: the measured Longhorn nodes dealt out in a
+    seeded order, tiled as often as needed (tile k's cabinets are groups ``c002-k``...)."""
+    measured = longhorn_nodes(data_dir)
+    rng = random.Random(seed)
+    out = []
+    for k in range(0, len(nodes), len(measured)):
+        deal = measured[:]
+        rng.shuffle(deal)
+        for name, (cab, sd) in zip(nodes[k:k + len(measured)], deal):
+            out.append((name, f"{cab}-{k // len(measured)}", round(sd, 4)))
+    return out

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from malletrain.core.backend import JobFacts, Observation, SizeChange
 from malletrain.domain.config import DaemonConfig, SlurmConfig
-from malletrain.domain.errors import BackendError
+from malletrain.domain.errors import BackendError, ConfigError
 from malletrain.domain.model import (
     DEFAULT_NODE_TYPE,
     Action,
@@ -48,6 +48,7 @@ from malletrain.domain.model import (
     Node,
     Snapshot,
 )
+from malletrain.domain.nodes import load_node_info
 from malletrain.slurm.parse import (
     MAX_TAG_BYTES,
     SINFO_FORMAT,
@@ -66,6 +67,7 @@ from malletrain.slurm.parse import (
     parse_squeue,
     parse_tag,
     parse_tag_record,
+    parse_topology,
 )
 from malletrain.slurm.runner import Runner, SlurmCommandError
 from malletrain.slurm.versions import Release, parse_release
@@ -141,6 +143,28 @@ class SlurmBackend:
         self.finished_work: Callable[[str], bool] = lambda job: False
         self.finished_queued: set[str] = set()      # such jobs seen this cycle: the daemon cancels them
         self.release: Release | None = None         # read once (versions.py: what differs per release)
+        # the nodes' topology groups and speeds: the site file, topology.conf's leaf switches
+        self.site: dict[str, tuple[str, float]] = load_node_info(slurm.node_info, ConfigError) \
+            if slurm.node_info else {}
+        self.switches: dict[str, str] | None = None if slurm.topology else {}
+
+    def _learn_topology(self) -> None:
+        """Leaf switches from topology.conf, read once (a cluster without the topology plugin, or
+        a failing read, gives no groups; said once)."""
+        try:
+            self.switches = parse_topology(self.runner.read(["scontrol", "show", "topology"]))
+        except BackendError as exc:
+            log.info("no topology read (%s); nodes are grouped by the site file only", exc)
+            self.switches = {}
+            return
+        log.info("topology: %d node(s) under %d leaf switch(es)", len(self.switches),
+                 len(set(self.switches.values())))
+
+    def _node(self, name: str, node_type: str, window_end_s: float | None) -> Node:
+        group, slowdown = self.site.get(name, ("", 1.0))
+        if not group and self.switches:
+            group = self.switches.get(name, "")
+        return Node(name, node_type, group, window_end_s, slowdown)
 
     def _learn_release(self) -> None:
         try:
@@ -155,6 +179,8 @@ class SlurmBackend:
         now = self.clock()
         if self.release is None:
             self._learn_release()
+        if self.switches is None:
+            self._learn_topology()
         jobs = self._jobs()
         jobs += self._ended(jobs)
         nodes = self._nodes()
@@ -226,8 +252,8 @@ class SlurmBackend:
         self.vacating = soon
         self.finished_queued = finished_queued
 
-        pool = tuple(Node(n, node_info[n].node_type if n in node_info else DEFAULT_NODE_TYPE,
-                          window_end_s=windows.get(n)) for n in sorted(pool_names))
+        pool = tuple(self._node(n, node_info[n].node_type if n in node_info else DEFAULT_NODE_TYPE,
+                                windows.get(n)) for n in sorted(pool_names))
         states.sort(key=lambda s: (s.spec.submit_s, int(s.job_id) if s.job_id.isdigit() else 0))
         snap = Snapshot(now, pool, tuple(states))
         gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))

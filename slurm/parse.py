@@ -447,3 +447,21 @@ def parse_tag(comment: str) -> Tag | None:
     except (KeyError, ValueError, UnicodeDecodeError):
         return None
     return None if tag_problem(tag) else tag
+
+
+def parse_topology(text: str) -> dict[str, str]:
+    """``scontrol show topology`` → node -> its leaf switch (``SwitchName=s1 Level=0 ... Nodes=n[1-2]``
+    lines; upper levels list ``Switches=`` and are left out).  Text without switches (no topology
+    plugin) gives {}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        name, nodes = fields.get("SwitchName"), fields.get("Nodes")
+        if not name or not nodes or fields.get("Level", "0") != "0":
+            continue
+        try:
+            for n in expand(nodes):
+                out.setdefault(n, name)
+        except BackendError:
+            continue
+    return out

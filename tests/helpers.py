@@ -67,6 +67,9 @@ class FakeSlurm:
             out = "".join(f"{n}|{s}|gpu:4|(null)\n" for n, s in self.nodes.items())
         elif cmd == "scontrol" and argv[1] == "-o":
             out = "No reservations in the system\n"
+        elif cmd == "scontrol" and argv[1:3] == ["show", "topology"]:   # topology.conf: two leaf switches
+            out = ("SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n[1-2]\nSwitchName=s2 Level=0 LinkSpeed=1 "
+                   "Nodes=n[3-4]\nSwitchName=top Level=1 LinkSpeed=1 Switches=s[1-2]\n")
         elif cmd == "scontrol":
             out = self._scontrol(argv[1:])
         elif cmd == "scancel":

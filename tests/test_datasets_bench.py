@@ -35,7 +35,23 @@ def data_dir(tmp_path):
     (tmp_path / "idle").mkdir()
     seq = ["time,active,total"] + [f"2017-10-10 00:{m:02d}:00,{5 + (m % 4)},10" for m in range(30)]
     (tmp_path / "idle" / "philly-node-sequence.csv").write_text("\n".join(seq) + "\n")
+    pal = tmp_path / "variability" / "pal"
+    pal.mkdir(parents=True)
+    runs = ["cabinet,cab-node,mean_iter_dur"] + [f"c00{k % 2},c00{k % 2}-{k},{100 + 3 * k}" for k in range(6)]
+    (pal / "resnet-longhorn-agg.csv").write_text("\n".join(runs) + "\n")
     return str(tmp_path)
+
+
+def test_node_info_is_dealt_from_the_longhorn_measurements(data_dir, tmp_path):
+    from devtools.datasets import node_info_rows
+    from malletrain.domain.nodes import load_node_info
+    rows = node_info_rows(data_dir, [f"x{i}" for i in range(10)], seed=1)
+    assert [r[0] for r in rows] == [f"x{i}" for i in range(10)]
+    assert {r[1] for r in rows} <= {"c000-0", "c001-0", "c000-1", "c001-1"}
+    assert sorted(r[2] for r in rows[:6]) == [round((100 + 3 * k) / 107.5, 4) for k in range(6)]   # each once
+    path = tmp_path / "nodes.csv"
+    path.write_text("node,group,slowdown\n" + "".join(f"{n},{g},{s}\n" for n, g, s in rows))
+    assert load_node_info(str(path))["x0"] == (rows[0][1], rows[0][2])
 
 
 def test_workload_uses_4_gpu_nodes_and_loads(data_dir, tmp_path):
@@ -78,7 +94,8 @@ def test_synthetic_trace_size_and_idle():
 def test_example_builder(data_dir, tmp_path):
     out = tmp_path / "ex"
     assert dev_main(["example", "--data", data_dir, "--out", str(out)]) == 0
-    assert sorted(os.listdir(out)) == ["philly-1day.csv.gz", "workload-pollux.yaml"]
+    assert sorted(os.listdir(out)) == ["philly-1day.csv.gz", "philly-nodes.csv", "workload-mixed.yaml",
+                                       "workload-pollux.yaml"]
 
 
 def test_bench_allocator_and_compare_print_figures(capsys):

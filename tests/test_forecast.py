@@ -249,3 +249,74 @@ def test_replay_learns_the_workloads_pauses_from_a_guess():
     s = res.summary
     assert s.rescale_guess == (5.0, 60.0) and s.rescale_learned >= 2
     assert s.rescale_error_max < 0.2
+
+
+# ---------------------------------------------------------------- variability and topology
+def test_sensitivity_is_learned_from_runs_on_nodes_of_different_speed():
+    from malletrain.domain.model import Sample
+    from malletrain.jpa.sensitivity import SensitivityLearner
+    learner = SensitivityLearner()
+    learner.register("cnn", "resnet")
+    learner.register("rec", "ncf")
+    learner.register("next", "resnet")
+    rng = random.Random(4)
+    for k in range(60):
+        n = rng.choice([2, 4])
+        slow = rng.choice([1.0, 1.05, 1.12, 1.18])
+        groups = rng.choice([1, 2])
+        base = 100.0 * n ** 0.9 * (1 + 0.01 * rng.gauss(0, 1))
+        learner.add(Sample("cnn", n, base * slow ** -1.0 * 0.9 ** (groups - 1), float(k), slow, groups))
+        learner.add(Sample("rec", n, base * slow ** -0.1, float(k), slow, 1))
+    cnn, rec = learner.get("cnn"), learner.get("rec")
+    assert abs(cnn.slowdown - 1.0) < 0.2 and abs(cnn.per_group - 0.1) < 0.03
+    assert rec.slowdown < 0.3 and rec.per_group == 0.0
+    assert learner.get("next") == cnn                 # no data of its own: its profile's
+    assert learner.get("unknown") is None
+    only_nominal = SensitivityLearner()
+    for k in range(20):
+        only_nominal.add(Sample("x", 2, 100.0 + k, float(k)))
+    assert only_nominal.get("x") is None              # its runs never differed: no estimate
+
+
+def test_sensitive_jobs_get_the_fast_nodes_and_insensitive_ones_the_slow():
+    from malletrain.core.placement import place
+    nodes = [Node(f"n{i}", group="g", variability=v) for i, v in enumerate([1.2, 1.0, 1.1, 0.95])]
+    jobs = [_job("cnn"), _job("rec")]
+    out = place(nodes, jobs, {"cnn": ("gpu", 2), "rec": ("gpu", 2)}, sensitive={"cnn": 1.0, "rec": 0.05})
+    assert sorted(out["cnn"]) == ["n1", "n3"] and sorted(out["rec"]) == ["n0", "n2"]
+    plain = place(nodes, jobs, {"cnn": ("gpu", 2), "rec": ("gpu", 2)})
+    assert plain != out
+
+
+def test_replay_jobs_run_at_their_slowest_nodes_pace():
+    from malletrain.domain.model import Action, ActionKind, ReasonCode
+    from malletrain.replay.sim import SimCluster
+    sim = SimCluster(["a", "b", "c"], [False] * 3, 0.0,
+                     node_info={"a": ("g1", 1.0), "b": ("g1", 1.25), "c": ("g2", 1.0)})
+    assert sim.pool["b"] == Node("b", group="g1", variability=1.25)
+    spec = JobSpec("j", 1, 3)
+    sim.admit(spec, lambda n: 100.0 * n, 1e9, sensitivity=1.0, topology_penalty=0.2)
+    sim.apply([Action("j", ActionKind.START, (), ("a", "b"), "", ReasonCode.GAIN)])
+    assert sim.jobs["j"].rate == pytest.approx(200.0 / 1.25)
+    sim.apply([Action("j", ActionKind.SHRINK, ("a", "b"), ("a",), "", ReasonCode.YIELD)])
+    sim.apply([Action("j", ActionKind.GROW, ("a",), ("a", "c"), "", ReasonCode.GAIN)])
+    assert sim.jobs["j"].rate == pytest.approx(200.0 * 0.8)         # two groups
+
+
+def test_node_info_files_are_checked():
+    import tempfile
+
+    from malletrain.domain.errors import InputError
+    from malletrain.domain.nodes import load_node_info
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/n.csv"
+        for text, where in (("node,slowdown\n", "line 1"), ("node,group,slowdown\nn1,g,fast\n", "slowdown"),
+                            ("node,group,slowdown\nn1,g,0\n", "slowdown"), ("node,group,slowdown\n,g,1\n", "node"),
+                            ("node,group,slowdown\nn1,g,1\nn1,g,1\n", "twice"), ("node,group,slowdown\nn1,1\n", "fields")):
+            with open(path, "w") as fh:
+                fh.write(text)
+            with pytest.raises(InputError, match=where):
+                load_node_info(path)
+        with open(path, "w") as fh:
+            fh.write("node,group,slowdown\nn1,rack1,1.1\nn2,,0.9\n")
+        assert load_node_info(path) == {"n1": ("rack1", 1.1), "n2": ("", 0.9)}

@@ -102,7 +102,7 @@ def _daemon(tmp_path, fake, **extra):
 
 
 def _writes(fake):
-    return [tuple(c[1:]) for c in fake.calls if c[0] == "scontrol" and c[1] != "-o"]
+    return [tuple(c[1:]) for c in fake.calls if c[0] == "scontrol" and c[1] not in ("-o", "show")]
 
 
 def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_path):

@@ -96,7 +96,7 @@ def test_finished_and_foreign_jobs():
 # ---------------------------------------------------------------- trust (SECURITY.md)
 
 def _writes(fake):
-    return [c for c in fake.calls if c[0] == "scontrol" and c[1] != "-o"]
+    return [c for c in fake.calls if c[0] == "scontrol" and c[1] not in ("-o", "show")]
 
 
 def test_forged_comment_cannot_steer_writes_onto_another_users_job():
@@ -191,3 +191,20 @@ def test_the_release_is_read_once_and_retried_only_while_unknown():
         clock["t"] += 2
     assert b.release is not None and b.release.text == "22.05.8"
     assert len(tries) == 2          # failed in cycle 1, read in cycle 2, never again
+
+
+def test_nodes_carry_their_switch_and_the_site_files_speed(tmp_path):
+    site = tmp_path / "nodes.csv"
+    site.write_text("node,group,slowdown\nn2,,1.15\nn4,rack9,0.97\n")
+    fake = FakeSlurm()
+    b = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None), SlurmConfig(node_info=str(site)),
+                     DaemonConfig(interval_s=2), clock=lambda: 1000.0)
+    nodes = {n.name: n for n in b.observe().snapshot.nodes}
+    assert (nodes["n1"].group, nodes["n1"].variability) == ("s1", 1.0)
+    assert (nodes["n2"].group, nodes["n2"].variability) == ("s1", 1.15)   # switch from Slurm, speed from the file
+    assert (nodes["n4"].group, nodes["n4"].variability) == ("rack9", 0.97)  # the site file's group wins
+    b.observe()
+    assert sum(1 for c in fake.calls if c[:3] == ["scontrol", "show", "topology"]) == 1   # read once
+    off = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None), SlurmConfig(topology=False),
+                       DaemonConfig(interval_s=2), clock=lambda: 1000.0)
+    assert {n.group for n in off.observe().snapshot.nodes} == {""}

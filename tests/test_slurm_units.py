@@ -369,3 +369,11 @@ def test_arrays_het_jobs_and_long_reasons_as_slurm_prints_them():
     recs = {r.job_id: r for r in parse.parse_squeue(text)}
     assert {j: r.plain for j, r in recs.items()} == {"4": False, "1": False, "13": False, "2": True}
     assert recs["2"].reason == reason
+
+
+def test_topology_leaf_switches_group_the_nodes():
+    from malletrain.slurm.parse import parse_topology
+    text = ("SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n[1-2]\nSwitchName=s2 Level=0 LinkSpeed=1 Nodes=n3,n4\n"
+            "SwitchName=top Level=1 LinkSpeed=1 Switches=s[1-2]\nSwitchName=bad Level=0 Nodes=n[5-\n")
+    assert parse_topology(text) == {"n1": "s1", "n2": "s1", "n3": "s2", "n4": "s2"}
+    assert parse_topology("") == {} and parse_topology("No topology information available\n") == {}

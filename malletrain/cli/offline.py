@@ -89,6 +89,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="charge the told pauses for ever (no measurements)")
     r.add_argument("--no-availability", action="store_true",
                    help="no predicted node stays (every node counts as staying)")
+    r.add_argument("--node-info", metavar="FILE",
+                   help="CSV node,group,slowdown: the nodes' topology groups and speeds (default: all alike)")
+    r.add_argument("--no-variability", action="store_true",
+                   help="place without learning which jobs suffer on slow nodes")
     r.add_argument("--window-oracle", action="store_true",
                    help="hand every idle node its true next busy time (a look-ahead no scheduler has)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -233,15 +237,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     core = CoreConfig(policy=args.policy, horizon_s=args.horizon, allocator=args.allocator,
                       time_limit_s=args.time_limit, min_dwell_s=args.min_dwell, objective=args.objective,
                       user_weights=tuple(sorted(dict(args.weight).items())), starvation_s=args.starvation,
-                      learn_rescale=not args.no_learn_rescale,
-                      availability=not args.no_availability).validate("command line")
+                      learn_rescale=not args.no_learn_rescale, availability=not args.no_availability,
+                      variability=not args.no_variability).validate("command line")
     check_out_dir(args.out)       # before the replay, not after it
     workload = load_workload(args.workload)
+    node_info = None
+    if args.node_info:
+        from malletrain.domain.nodes import load_node_info
+        node_info = load_node_info(args.node_info)
     trace = load_trace(args.trace, args.format, procs_per_node=args.procs_per_node,
                        nodes=args.nodes, start=args.start, end=args.end)
     opts = ReplayOptions(core=core, interval_s=args.interval, max_jobs=args.max_jobs,
                          seed=args.seed, noise=args.noise, quiet=args.quiet, rescale_guess=args.rescale_guess,
-                         window_oracle=args.window_oracle)
+                         window_oracle=args.window_oracle, node_info=node_info)
     result = run_replay(trace, workload, opts)
     write_outputs(result, args.out, plots=not args.no_plots)
     s = result.summary

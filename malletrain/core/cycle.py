@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.curves import CurveSource
@@ -15,7 +15,7 @@ from malletrain.core.decide import decide
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
-from malletrain.domain.model import NO_OUTLOOK, Action, Outlook, Plan, Snapshot
+from malletrain.domain.model import NO_OUTLOOK, Action, Outlook, Plan, Sample, Snapshot
 
 log = logging.getLogger("malletrain.cycle")
 
@@ -77,13 +77,30 @@ def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
     return plan.changes()
 
 
+def placed(samples: tuple[Sample, ...], snapshot: Snapshot) -> tuple[Sample, ...]:
+    """Samples with the facts of the nodes their job holds now (the slowest node's ``variability``,
+    the topology groups spanned), where the job still runs on as many nodes as the sample says."""
+    if not samples or not any(n.variability != 1.0 or n.group for n in snapshot.nodes):
+        return samples
+    nodes = {n.name: n for n in snapshot.nodes}
+    held = {j.job_id: [nodes[x] for x in j.nodes if x in nodes] for j in snapshot.jobs if j.nodes}
+    out = []
+    for s in samples:
+        on = held.get(s.job_id)
+        if on and len(on) == s.nodes:
+            s = replace(s, slowdown=max(n.variability for n in on), groups=len({n.group for n in on}))
+        out.append(s)
+    return tuple(out)
+
+
 def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
               memo: CycleMemo | None = None, forecast: ForecastSource | None = None) -> CycleResult:
     obs = backend.observe()
-    source.ingest(tuple(metrics.poll(obs)), obs.profiles(), obs.finished)
+    samples = placed(tuple(metrics.poll(obs)), obs.snapshot)
+    source.ingest(samples, obs.profiles(), obs.finished)
     pauses = tuple(metrics.pauses())
     if forecast is not None:
-        forecast.ingest(obs.snapshot, obs.profiles(), pauses, obs.finished)
+        forecast.ingest(obs.snapshot, obs.profiles(), pauses, obs.finished, samples)
     t0 = time.perf_counter()
     curves = source.curves(obs.snapshot)
     outlook = forecast.outlook(obs.snapshot) if forecast is not None else NO_OUTLOOK

@@ -9,8 +9,11 @@
   future);
 * ``bftrainer``, ``bftrainer-guess``, ``static`` – none: BFTrainer's objective
   charges the configured pauses and knows no stays.
+All three also learn which jobs slow down on slow nodes
+(:mod:`malletrain.jpa.sensitivity`, from samples annotated with their nodes' facts);
+placement gives those the fastest nodes.
 
-``learn_rescale`` and ``availability`` (CoreConfig) switch either part off.
+``learn_rescale``, ``availability`` and ``variability`` (CoreConfig) switch each part off.
 Pure: times come from the observations.
 """
 from __future__ import annotations
@@ -19,33 +22,53 @@ from collections.abc import Iterable, Mapping
 
 from malletrain.core.availability import IdleHistory
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
-from malletrain.domain.model import NO_OUTLOOK, Direction, JobSpec, Outlook, PauseSample, RescaleCost, Snapshot
+from malletrain.domain.model import (
+    NO_OUTLOOK,
+    Direction,
+    JobSpec,
+    Outlook,
+    PauseSample,
+    RescaleCost,
+    Sample,
+    Snapshot,
+)
 from malletrain.jpa.rescale import RescaleLearner
+from malletrain.jpa.sensitivity import SensitivityLearner
 
 
 class ForecastSource:
     def __init__(self, config: CoreConfig, true_costs: Mapping[str, RescaleCost] | None = None, *,
-                 learner: RescaleLearner | None = None, history: IdleHistory | None = None) -> None:
+                 learner: RescaleLearner | None = None, history: IdleHistory | None = None,
+                 sensitivity: SensitivityLearner | None = None) -> None:
         self.config = config
         self.true_costs = dict(true_costs or {})
         self.learner = learner or RescaleLearner()
         self.history = history or IdleHistory(min_stretches=config.stay_min_fragments,
                                               half_life=config.stay_half_life)
         self.learn_errors: list[float] = []     # relative error of learned pauses (replay, see _check)
+        self.sensitivity = sensitivity or SensitivityLearner()
+        self._mixed: set[str] = set()           # jobs seen on nodes of differing speed or groups
 
     @property
     def active(self) -> bool:
         return self.config.policy in FORECAST_POLICIES
 
     def ingest(self, snapshot: Snapshot, profiles: Mapping[str, str], pauses: Iterable[PauseSample],
-               finished: Iterable[str] = ()) -> None:
-        """One observation: the pool (idle stretches), profiles, measured pauses, jobs that left."""
+               finished: Iterable[str] = (), samples: Iterable[Sample] = ()) -> None:
+        """One observation: the pool (idle stretches), profiles, measured pauses, jobs that left,
+        throughput samples with their nodes' facts (sensitivity to slow nodes and groups)."""
         if not self.active:
             return
         if self.config.availability:
             self.history.update(snapshot.now_s, (n.name for n in snapshot.nodes))
+        if self.config.variability:
+            for s in samples:
+                if s.slowdown != 1.0 or s.groups != 1 or s.job_id in self._mixed:
+                    self._mixed.add(s.job_id)      # nominal samples count once a job ran elsewhere too
+                    self.sensitivity.add(s)
         for job, prof in profiles.items():
             self.learner.register(job, prof)
+            self.sensitivity.register(job, prof)
         pauses = tuple(pauses)
         specs = {j.job_id: j.spec for j in snapshot.jobs} if pauses and self.true_costs else {}
         for p in pauses:
@@ -53,6 +76,8 @@ class ForecastSource:
                 self._check(p, specs[p.job_id])
         for job in finished:
             self.learner.forget(job)
+            self.sensitivity.forget(job)
+            self._mixed.discard(job)
 
     LEARN_CHECK_AT = 3      # measurements of a job and direction after which its estimate is checked
 
@@ -81,4 +106,10 @@ class ForecastSource:
                 costs[j.job_id] = self.learner.cost(j.job_id, j.spec.rescale_up_s, j.spec.rescale_down_s)
         stays = (self.history.stays(snapshot.now_s, snapshot.nodes, cfg.horizon_s)
                  if cfg.availability else {})
-        return Outlook(costs, stays)
+        sensitive = {}
+        if cfg.variability:
+            for j in snapshot.jobs:
+                est = self.sensitivity.get(j.job_id)
+                if est is not None:
+                    sensitive[j.job_id] = est.slowdown
+        return Outlook(costs, stays, sensitive)

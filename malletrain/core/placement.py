@@ -13,7 +13,11 @@ Rules, in order:
 Growing and starting jobs pick in order of their *exposure* (given by
 ``decide``: what a node taken back costs them, their rescale-down pause times
 their rate in the objective's unit), highest first, FIFO among equals: the
-longest stays go to the jobs that would lose most.
+longest stays go to the jobs that would lose most.  Jobs found *sensitive* to
+slow nodes (a learned slowdown exponent >= ``SENSITIVE``,
+:mod:`malletrain.jpa.sensitivity`) pick before the others and take the
+fastest (lowest ``variability``) nodes first, in their group when they have one;
+jobs found insensitive (at most ``INSENSITIVE``) take the slowest first.
 Never assigns a node twice, never a node outside the pool, never migrates.
 Free nodes are sorted once; per-(type, group) queues make each take O(count).
 """
@@ -27,6 +31,8 @@ from malletrain.domain.model import JobState, Node, Stay
 
 NO_STAYS: Mapping[str, Stay] = {}
 NO_EXPOSURE: Mapping[str, float] = {}
+SENSITIVE = 0.5      # a job whose learned slowdown exponent is at least this picks the fastest nodes
+INSENSITIVE = 0.2    # ... at most this, the slowest (leaving the fast ones to those who need them)
 
 
 def _ranker(stays: Mapping[str, Stay]) -> Callable[[Node], tuple]:
@@ -49,6 +55,17 @@ class _FreeNodes:
             self.by_group[(n.node_type, n.group)].append(n)
             self.count[(n.node_type, n.group)] += 1
         self.taken: set[str] = set()
+        self._ordered = ordered
+        self._by_speed: dict[tuple[str, str | None, int], deque] = {}   # built on first use
+
+    def _speed_order(self, ntype: str, group: str | None, speed: int) -> deque:
+        """Free nodes fastest first (``speed`` 1) or slowest first (-1), ``rank`` among equals."""
+        key = (ntype, group, speed)
+        if key not in self._by_speed:
+            self._by_speed[key] = deque(sorted((n for n in self._ordered if n.node_type == ntype
+                                                and (group is None or n.group == group)),
+                                               key=lambda n: speed * n.variability))
+        return self._by_speed[key]
 
     def _pop(self, q: deque) -> Node | None:
         while q:
@@ -57,14 +74,18 @@ class _FreeNodes:
                 return n
         return None
 
-    def take(self, ntype: str, count: int, group: str | None) -> list[Node]:
+    def take(self, ntype: str, count: int, group: str | None, speed: int = 0) -> list[Node]:
         if group is None:
             groups = {g: c for (t, g), c in self.count.items() if t == ntype and c > 0}
             if groups:
                 fits = [g for g, c in groups.items() if c >= count]
                 group = max(fits or groups, key=lambda g: (groups[g], g))
         got: list[Node] = []
-        queues = ([self.by_group[(ntype, group)]] if group is not None else []) + [self.by_type[ntype]]
+        if speed:
+            queues = (([self._speed_order(ntype, group, speed)] if group is not None else [])
+                      + [self._speed_order(ntype, None, speed)])
+        else:
+            queues = ([self.by_group[(ntype, group)]] if group is not None else []) + [self.by_type[ntype]]
         for q in queues:
             while len(got) < count:
                 n = self._pop(q)
@@ -79,7 +100,8 @@ class _FreeNodes:
 def place(nodes: Sequence[Node], jobs: Sequence[JobState],
           targets: Mapping[str, tuple[str | None, int]],
           stays: Mapping[str, Stay] = NO_STAYS,
-          exposure: Mapping[str, float] = NO_EXPOSURE) -> dict[str, tuple[str, ...]]:
+          exposure: Mapping[str, float] = NO_EXPOSURE,
+          sensitive: Mapping[str, float] = NO_EXPOSURE) -> dict[str, tuple[str, ...]]:
     by_name = {n.name: n for n in nodes}
     _rank = _ranker(stays)
     out: dict[str, tuple[str, ...]] = {}
@@ -96,15 +118,18 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
         if not index:
             index.append(_FreeNodes([n for n in nodes if n.name not in held], _rank))
         free = index[0]
-        got = free.take(ntype if ntype is not None else _any_type(free), count, group)
+        s = sensitive.get(job_id)
+        speed = 0 if s is None else 1 if s >= SENSITIVE else -1 if s <= INSENSITIVE else 0
+        got = free.take(ntype if ntype is not None else _any_type(free), count, group, speed)
         if len(got) < count:
             raise ValueError(f"placement: job {job_id} needs {count} more nodes of type "
                              f"{ntype}, only {len(got)} free")
         out[job_id] = out[job_id] + tuple(n.name for n in got)
 
-    if exposure:      # who loses most when a node is taken back picks first (FIFO among equals)
+    if exposure or sensitive:   # jobs slowed by slow nodes, then who loses most when a node is taken back
         rank = {j.job_id: i for i, j in enumerate(jobs)}
-        jobs = sorted(jobs, key=lambda j: (-exposure.get(j.job_id, 0.0), rank[j.job_id]))
+        jobs = sorted(jobs, key=lambda j: (sensitive.get(j.job_id, 0.0) < SENSITIVE,
+                                           -exposure.get(j.job_id, 0.0), rank[j.job_id]))
     for job in jobs:  # growers first: they are already running
         ntype, want = targets.get(job.job_id, (None, 0))
         have = len(out[job.job_id])

@@ -48,6 +48,7 @@ class CoreConfig:
     # forecasts (malletrain, oracle, greedy): learned rescale pauses and predicted node stays
     learn_rescale: bool = True     # charge measured rescale pauses (the job's configured ones are the prior)
     availability: bool = True      # predict each node's remaining idle time from the idle stretches seen so far
+    variability: bool = True       # learn which jobs slow down on slow nodes; give them the fast ones
     stay_min_fragments: int = 20   # idle stretches seen before stays are predicted at all
     stay_half_life: int = 2000     # idle stretches: older ones count half as much per this many newer ones
 
@@ -162,10 +163,14 @@ class SlurmConfig:
     retries: int = 3                # read commands: retries with jittered backoff
     backoff_s: float = 0.5          # first retry delay (doubles, ±50% jitter)
     reservations_every: int = 6     # read reservations every N cycles (0 = never)
+    node_info: str = ""             # site CSV node,group,slowdown (speeds, groups); '' = none
+    topology: bool = True           # read topology.conf's switches (scontrol show topology) at start
 
     def validate(self, where: str = "config") -> SlurmConfig:
         if not self.partition:
             raise ConfigError("must not be empty", path=where, field="partition")
+        if self.node_info and not os.path.isabs(self.node_info):
+            raise ConfigError("must be an absolute path (or '' for none)", path=where, field="node_info")
         if self.bin_dir and not os.path.isabs(self.bin_dir):
             raise ConfigError("must be an absolute directory (or '' for PATH)", path=where, field="bin_dir")
         for name in ("command_timeout_s", "backoff_s"):

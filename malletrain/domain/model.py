@@ -194,6 +194,8 @@ class Outlook:
 
     costs: Mapping[str, RescaleCost] = field(default_factory=dict)
     stays: Mapping[str, Stay] = field(default_factory=dict)
+    # jobs found sensitive to slow nodes / to spanning topology groups (placement favours them)
+    sensitive: Mapping[str, float] = field(default_factory=dict)
 
 
 NO_OUTLOOK = Outlook()
@@ -207,6 +209,8 @@ class Sample:
     nodes: int
     samples_per_s: float
     t_s: float
+    slowdown: float = 1.0     # the slowest of its nodes (Node.variability): a site/Slurm fact, not the job's
+    groups: int = 1           # topology groups its nodes span
 
 
 @dataclass(frozen=True)

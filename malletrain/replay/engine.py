@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,8 @@ class ReplayOptions:
     rescale_guess: tuple[float, float] | None = (30.0, 10.0)
     # hand each idle node its true next busy time (a look-ahead no real scheduler has: off)
     window_oracle: bool = False
+    # node -> (topology group, slowdown): the site's per-node facts (nodes.py; none: all alike)
+    node_info: Mapping[str, tuple[str, float]] | None = None
 
 
 @dataclass
@@ -156,7 +159,9 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
         if t < trace.end_s:
             arrivals.append(spec)
     arrivals.sort(key=lambda s: (s.submit_s, s.job_id))
-    sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise)
+    sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise,
+                     node_info=opts.node_info)
+    extra = {w.name: (w.sensitivity, w.topology_penalty) for w in workload}
     source = CurveSource(core, truths)
     forecast = ForecastSource(core, {j: RescaleCost(*p) for j, p in pauses.items()})
     order = node_order(trace)
@@ -217,7 +222,8 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 a_i += 1
             while waiting and (opts.max_jobs is None or len(sim.jobs) < opts.max_jobs):
                 spec = waiting.pop(0)
-                sim.admit(spec, truths[spec.job_id], works[spec.job_id], pauses[spec.job_id])
+                sim.admit(spec, truths[spec.job_id], works[spec.job_id], pauses[spec.job_id],
+                          *extra[spec.job_id])
             if t >= next_tick:
                 sim.report_samples()
                 next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval

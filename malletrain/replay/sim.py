@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.core.backend import JobFacts, Observation
@@ -60,6 +60,8 @@ class SimJob:
     node_s: float = 0.0            # node-seconds it held
     starved_s: float = 0.0         # this stretch without nodes, counted while other jobs held nodes
     max_starved_s: float = 0.0
+    sensitivity: float = 0.0       # true slowdown exponent on slow nodes (the workload's)
+    topology_penalty: float = 0.0  # true share lost per extra topology group
 
 
 @dataclass
@@ -77,10 +79,12 @@ class SimCluster:
     """State of the simulated cluster; implements the backend protocol."""
 
     def __init__(self, node_names: Sequence[str], initial_busy: Iterable[bool],
-                 now_s: float, *, seed: int = 0, noise: float = 0.0) -> None:
+                 now_s: float, *, seed: int = 0, noise: float = 0.0,
+                 node_info: Mapping[str, tuple[str, float]] | None = None) -> None:
         self.now = now_s
+        self.node_info = dict(node_info or {})     # node -> (topology group, slowdown)
         self.busy = {n: bool(b) for n, b in zip(node_names, initial_busy)}
-        self.pool: dict[str, Node] = {n: Node(n) for n, b in self.busy.items() if not b}
+        self.pool: dict[str, Node] = {n: self._node(n) for n, b in self.busy.items() if not b}
         self.holder: dict[str, str] = {}
         self.jobs: dict[str, SimJob] = {}       # admitted, not completed (FIFO order)
         self.done_jobs: dict[str, SimJob] = {}
@@ -92,6 +96,23 @@ class SimCluster:
         self._pauses: list[tuple[float, PauseSample]] = []   # (when it is over, the measurement)
         self._finished: list[str] = []
         self.generation = 0   # bumped by every change decide() could see
+
+    def _node(self, name: str, window_end_s: float | None = None) -> Node:
+        group, slowdown = self.node_info.get(name, ("", 1.0))
+        return Node(name, group=group, window_end_s=window_end_s, variability=slowdown)
+
+    def _rate(self, job: SimJob) -> float:
+        """The job's true rate on its nodes: its curve, slowed by its slowest node as far as it is
+        sensitive, and by each extra topology group it spans."""
+        n = len(job.nodes)
+        if n == 0:
+            return 0.0
+        rate = job.truth(n)
+        if self.node_info and (job.sensitivity or job.topology_penalty):
+            info = [self.node_info.get(x, ("", 1.0)) for x in job.nodes]
+            rate *= max(sd for _, sd in info) ** (-job.sensitivity)
+            rate *= (1.0 - job.topology_penalty) ** (len({g for g, _ in info}) - 1)
+        return rate
 
     # -- clock -----------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -142,7 +163,7 @@ class SimCluster:
         self.generation += 1
         self.busy[name] = busy
         if not busy:
-            self.pool[name] = Node(name, window_end_s=window_end_s)
+            self.pool[name] = self._node(name, window_end_s)
             return None
         self.pool.pop(name, None)
         jid = self.holder.pop(name, None)
@@ -155,9 +176,9 @@ class SimCluster:
     def settle_preemptions(self, hit: dict[str, int]) -> None:
         """Shrink or stop each job that lost ``hit[job]`` nodes at this instant."""
         self.generation += 1
-        for jid, lost in hit.items():
+        for jid in hit:
             job = self.jobs[jid]
-            old_rate = job.truth(len(job.nodes) + lost)
+            old_rate = job.rate                       # its rate before the loss
             self.counters.preemptions += 1
             job.preemptions += 1
             self.counters.lost_samples += job.true_down_s * old_rate
@@ -166,17 +187,19 @@ class SimCluster:
                 self._pause(jid, Direction.DOWN, job.true_down_s)
             else:
                 self._release(job)
-            job.rate = job.truth(len(job.nodes))
+            job.rate = self._rate(job)
             job.last_change = self.now
 
     # -- jobs ---------------------------------------------------------------
     def admit(self, spec: JobSpec, truth: Callable[[int], float], work: float,
-              true_pauses: tuple[float, float] | None = None) -> None:
+              true_pauses: tuple[float, float] | None = None, sensitivity: float = 0.0,
+              topology_penalty: float = 0.0) -> None:
         """A job joins; ``true_pauses`` (up, down) default to the spec's."""
         self.generation += 1
         up, down = true_pauses if true_pauses is not None else (spec.rescale_up_s, spec.rescale_down_s)
         self.jobs[spec.job_id] = SimJob(spec, truth, work, true_up_s=up, true_down_s=down,
-                                        admitted_at=self.now, last_change=self.now)
+                                        admitted_at=self.now, last_change=self.now, sensitivity=sensitivity,
+                                        topology_penalty=topology_penalty)
 
     def _pause(self, jid: str, direction: Direction, pause_s: float) -> None:
         """The job will measure this pause once it is over."""
@@ -252,7 +275,7 @@ class SimCluster:
             job.nodes = list(a.to_nodes)
             if job.nodes:
                 job.starved_s = 0.0
-            job.rate = job.truth(len(job.nodes))
+            job.rate = self._rate(job)
             job.last_change = self.now
             if a.kind == ActionKind.STOP:
                 self.counters.stops += 1

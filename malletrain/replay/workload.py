@@ -11,6 +11,8 @@ jobs:
     rescale_down_s: 10
     profile: bert         # jobs with one key scale alike
     user: alice           # optional: whose job (per-user weights, fairness); default: a user of its own
+    sensitivity: 1.0      # optional: slowdown exponent on slow nodes (0 = unaffected, 1 = at the slowest's pace)
+    topology_penalty: 0.1 # optional: share of its rate lost per extra topology group it spans
     throughput: {1: 110.0, 2: 205.0, 4: 380.0, 8: 610.0, 16: 800.0}
 ```
 ``throughput`` is the ground truth for the replay oracle (linear
@@ -31,7 +33,7 @@ from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import parse_time
 
 JOB_KEYS = ("name", "submit", "min_nodes", "max_nodes", "work", "rescale_up_s",
-            "rescale_down_s", "profile", "user", "throughput")
+            "rescale_down_s", "profile", "user", "sensitivity", "topology_penalty", "throughput")
 REQUIRED = ("name", "submit", "min_nodes", "max_nodes", "work", "throughput")
 MAX_VALUE = 1e15          # work, seconds and samples/s beyond this are typos (and overflow floats)
 
@@ -61,6 +63,8 @@ class WorkloadJob:
     truth: TrueCurve
     line: int
     user: str = ""
+    sensitivity: float = 0.0
+    topology_penalty: float = 0.0
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -167,4 +171,5 @@ def _parse_job(entry: Any, path: str) -> WorkloadJob:
     return WorkloadJob(name.strip(), submit, absolute, min_nodes, max_nodes, work,
                        number("rescale_up_s", 0.0), number("rescale_down_s", 0.0), profile,
                        TrueCurve(tuple(p[0] for p in pts), tuple(p[1] for p in pts)), line or 0,
-                       user.strip())
+                       user.strip(), number("sensitivity", 0.0, maximum=4.0),
+                       number("topology_penalty", 0.0, maximum=0.99))
