@@ -310,9 +310,10 @@ def test_node_info_files_are_checked():
     from malletrain.domain.nodes import load_node_info
     with tempfile.TemporaryDirectory() as d:
         path = f"{d}/n.csv"
-        for text, where in (("node,slowdown\n", "line 1"), ("node,group,slowdown\nn1,g,fast\n", "slowdown"),
-                            ("node,group,slowdown\nn1,g,0\n", "slowdown"), ("node,group,slowdown\n,g,1\n", "node"),
-                            ("node,group,slowdown\nn1,g,1\nn1,g,1\n", "twice"), ("node,group,slowdown\nn1,1\n", "fields")):
+        head = "node,group,slowdown\n"
+        for text, where in (("node,slowdown\n", "line 1"), (head + "n1,g,fast\n", "slowdown"),
+                            (head + "n1,g,0\n", "slowdown"), (head + ",g,1\n", "node"),
+                            (head + "n1,g,1\nn1,g,1\n", "twice"), (head + "n1,1\n", "fields")):
             with open(path, "w") as fh:
                 fh.write(text)
             with pytest.raises(InputError, match=where):
