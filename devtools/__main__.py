@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--seed", type=int, default=21)
     bf.add_argument("--json", action="store_true")
     bf.set_defaults(run=_bench_fairness)
+    bw = bsub.add_parser("variability", help="variability-aware placement vs. blind on PAL's node speeds")
+    bw.add_argument("--json", action="store_true")
+    bw.set_defaults(run=_bench_variability)
     bj = bsub.add_parser("jpa", help="JPA prediction error on the Pollux measurements")
     bj.add_argument("--data", help="shared data directory (default: ../shared/data)")
     bj.add_argument("--json", action="store_true")
@@ -117,6 +120,11 @@ def _bench_advise(a: argparse.Namespace) -> int:
 def _bench_fairness(a: argparse.Namespace) -> int:
     from devtools.bench_data import bench_fairness
     return _emit(bench_fairness(a.data, a.trace, a.jobs, a.seed, progress=not a.json), a.json)
+
+
+def _bench_variability(a: argparse.Namespace) -> int:
+    from devtools.bench_data import bench_variability
+    return _emit(bench_variability(progress=not a.json), a.json)
 
 
 def _bench_jpa(a: argparse.Namespace) -> int:

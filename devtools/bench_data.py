@@ -169,6 +169,55 @@ def bench_fairness(data: str | None = None, trace_path: str | None = None, jobs:
     return Report({"trace": trace.path, "jobs": jobs, "seed": seed, "rows": rows}, lines)
 
 
+# -- variability and topology ---------------------------------------------------------
+def bench_variability(progress: bool = True) -> Report:
+    """The shipped mixed workload (each model slowed by slow nodes and extra groups as its PAL
+    class would be) over the Philly day on nodes with PAL's measured Longhorn speeds and
+    cabinets (``examples/philly-nodes.csv``): placement that learns who is sensitive vs. the
+    same policy without it, and how close the learned slowdown exponents come to the truth."""
+    import sys
+    from collections import defaultdict
+
+    import malletrain.core.cycle as cycle_mod
+    from malletrain.domain.nodes import load_node_info
+    from malletrain.replay.engine import ReplayOptions, run_replay
+    from malletrain.replay.traces import load_trace
+    from malletrain.replay.workload import load_workload
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    trace = load_trace(os.path.join(here, "philly-1day.csv.gz"))
+    workload = load_workload(os.path.join(here, "workload-mixed.yaml"))
+    info = load_node_info(os.path.join(here, "philly-nodes.csv"))
+    truth = {w.name: w.sensitivity for w in workload}
+    rows, lines = [], []
+    learned: dict[str, float] = {}
+    decide = cycle_mod.decide
+
+    def spy(snapshot, curves, config, outlook):
+        learned.update(outlook.sensitive)
+        return decide(snapshot, curves, config, outlook)
+    for name, on in (("variability-aware", True), ("blind", False)):
+        cycle_mod.decide = spy if on else decide     # type: ignore[assignment]
+        try:
+            s = run_replay(trace, workload, ReplayOptions(core=CoreConfig(policy="malletrain", variability=on),
+                                                          noise=0.05, node_info=info)).summary
+        finally:
+            cycle_mod.decide = decide                  # type: ignore[assignment]
+        node_h = s.allocated_node_s / 3600
+        rows.append({"placement": name, **s.to_dict()})
+        lines.append(f"{name:18s} done {s.jobs_completed}/{s.jobs}  JCT mean {s.jct_mean_s / 3600:5.2f} h  "
+                     f"p95 {s.jct_p95_s / 3600:5.2f} h  node-hours used {node_h:7.0f}  "
+                     f"useful {s.useful_samples:.4g}")
+        if progress:
+            print(lines[-1], file=sys.stderr)
+    by: dict[float, list[float]] = defaultdict(list)
+    for job, est in learned.items():
+        by[truth[job]].append(est)
+    acc = {str(t): {"jobs": len(v), "median": statistics.median(v)} for t, v in sorted(by.items())}
+    lines.append("learned slowdown exponent (median over jobs) vs. truth: " +
+                 ", ".join(f"{t} -> {a['median']:.2f} ({a['jobs']} jobs)" for t, a in acc.items()))
+    return Report({"rows": rows, "learned": acc}, lines)
+
+
 # -- replay speed --------------------------------------------------------------------
 def bench_replay(nodes: int = 4734, days: float = 15.0, events: int = 850_000, jobs: int = 1000,
                  trace_path: str | None = None, policy: str = "malletrain",

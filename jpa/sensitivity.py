@@ -10,7 +10,8 @@ model, per job, at each node count ``n``::
 ``s`` (0: does not care, 1: runs at the slowest node's speed) and ``p`` (the share lost per
 extra group) are fitted by least squares on ``log rate`` against ``log slowdown`` and
 ``groups − 1``, each centred within its node count (so the scaling curve itself cancels
-out).  A job whose runs never differed in either has no estimate; one with an estimate
+out); ``s`` is kept only when its standard error is at most ``MAX_SE`` (runs on too alike
+nodes, or too noisy, say nothing).  A job whose runs never differed in either has no estimate; one with an estimate
 feeds its profile (profiles are per user unless shared), and a job without its own
 estimate gets its profile's.  Bounded: the newest ``keep`` samples per job and count.
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from malletrain.domain.model import Sample
 
 MIN_SPREAD = 0.02 ** 2     # Σ (centred log slowdown)²: below, the runs' speeds did not differ enough
+MAX_SE = 0.5               # standard error of the exponent above which it is not told (left 0)
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,12 @@ class SensitivityLearner:
         self.version += 1
 
     def _fit(self, job_id: str) -> Sensitivity | None:
-        sxx = sxg = sgg = sxy = sgy = 0.0
-        n = 0
+        sxx = sxg = sgg = sxy = sgy = syy = 0.0
+        n = groups = 0
         for obs in self._obs.get(job_id, {}).values():
             if len(obs) < 2:
                 continue
+            groups += 1
             mx = sum(o[0] for o in obs) / len(obs)
             mg = sum(o[1] for o in obs) / len(obs)
             my = sum(o[2] for o in obs) / len(obs)
@@ -101,19 +104,28 @@ class SensitivityLearner:
                 sgg += dg * dg
                 sxy += dx * dy
                 sgy += dg * dy
+                syy += dy * dy
                 n += 1
-        s = p = 0.0
+        bx = bg = 0.0                  # slopes of log rate on log slowdown and on extra groups
         have_x, have_g = sxx > MIN_SPREAD, sgg > 0.5
         if have_x and have_g and (det := sxx * sgg - sxg * sxg) > 1e-12:
-            s = -(sxy * sgg - sgy * sxg) / det
-            p = 1.0 - math.exp((sgy * sxx - sxy * sxg) / det)
+            bx = (sxy * sgg - sgy * sxg) / det
+            bg = (sgy * sxx - sxy * sxg) / det
         elif have_x:
-            s = -sxy / sxx
+            bx = sxy / sxx
         elif have_g:
-            p = 1.0 - math.exp(sgy / sgg)
+            bg = sgy / sgg
         else:
             return None
-        return Sensitivity(min(2.0, max(0.0, s)), min(0.9, max(0.0, p)), n)
+        # the exponent only where the runs' speeds told it apart from the noise: its standard
+        # error (residual spread over the slowdown spread) must be small
+        dof = n - groups - int(have_x) - int(have_g)
+        rss = max(0.0, syy - bx * sxy - bg * sgy)
+        if have_x and (dof < 1 or math.sqrt(rss / dof / sxx) > MAX_SE):
+            bx = 0.0
+            if not have_g:
+                return None
+        return Sensitivity(min(2.0, max(0.0, -bx)), min(0.9, max(0.0, 1.0 - math.exp(bg))), n)
 
     def get(self, job_id: str) -> Sensitivity | None:
         """The job's estimate (refitted after a quarter more samples), else its profile's, else None."""

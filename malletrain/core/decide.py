@@ -29,7 +29,7 @@ import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from malletrain.core.objective import FreeOrder, expected_values, unit_weight
+from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_weight
 from malletrain.core.placement import place
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
@@ -258,6 +258,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         free = FreeOrder([stays.get(n, STAYING) for n in pool if n not in taken and n not in held],
                          [stays.get(n, STAYING) for n in held], limit=grow)
     protect = cfg.starvation_s
+    speeds: list[float] | None = None
     for j in jobs:
         curve = curves.get(j.job_id)
         spec = j.spec
@@ -268,8 +269,16 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         if j.size and j.size not in sizes and spec.min_nodes <= j.size <= spec.max_nodes:
             sizes.append(j.size)
         rate = curve.mean if curve is not None else _no_rate
+        pace = None
+        s = outlook.sensitive.get(j.job_id, 0.0)
+        if s > 0:
+            if speeds is None:      # the free nodes' slowdowns, fastest first (once per decision)
+                taken = {n for x in snapshot.jobs if x.job_id in targets for n in x.nodes}
+                busy = taken | {n for x in jobs for n in x.nodes}
+                speeds = sorted(node.variability for name, node in pool.items() if name not in busy)
+            pace = pace_of(j, pool, speeds, s)
         opts = expected_values(j, sizes, rate, _cost(j, outlook), unit_weight(j, rate, cfg),
-                               cfg.horizon_s, stays, free)
+                               cfg.horizon_s, stays, free, pace)
         choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
     protected = {j.job_id for j in jobs if protect > 0 and j.nodes and j.last_change_s is not None
                  and snapshot.now_s - j.last_change_s < protect}

@@ -33,6 +33,9 @@ useful work over the next ``H`` seconds, in the objective's unit::
   pauses the job for ``d_j = down_j`` (it checkpoints and restarts on the nodes
   left).  One pause, not one per node: nodes go back in bursts (a primary job
   takes several at once), and after the first the job is sized afresh.
+* A job found to slow down on slow nodes (exponent ``s``, :mod:`malletrain.jpa.sensitivity`)
+  runs ``T_j`` times ``slowdown^(−s)`` of the slowest node it would get (its own, or the
+  fastest free ones): growing a sensitive job onto a slow node can cost more than it adds.
 * ``w_j``: the unit and the weight.  ``samples``: 1 (samples/s summed over
   jobs, as in BFTrainer and MalleTrain); ``speedup``: ``m_j / T_j(m_j)`` with
   ``m_j = min_nodes``: a job's rate in node-equivalents of its smallest size, so
@@ -54,7 +57,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from malletrain.domain.config import CoreConfig
-from malletrain.domain.model import STAYING, JobState, RescaleCost, Stay
+from malletrain.domain.model import STAYING, JobState, Node, RescaleCost, Stay
 from malletrain.milp.problem import Option
 
 
@@ -107,8 +110,16 @@ def _prefix(ordered: Sequence[Stay]) -> list[tuple[float, float]]:
 
 def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float], float],
                     cost: RescaleCost, weight: float, horizon_s: float,
-                    stays: Mapping[str, Stay], free: FreeOrder | None) -> tuple[Option, ...]:
-    """The job's options ``(size, value_j(size))`` (size 0 always among them)."""
+                    stays: Mapping[str, Stay], free: FreeOrder | None,
+                    pace: Callable[[int], float] | None = None) -> tuple[Option, ...]:
+    """The job's options ``(size, value_j(size))`` (size 0 always among them); ``pace(n)``: the
+    share of its curve the job keeps on the ``n`` nodes it would get (slow nodes, see
+    :func:`pace_of`)."""
+    if pace is not None:
+        base = rate
+
+        def rate(n: float) -> float:      # noqa: F811 - the curve at the pace of the nodes it would get
+            return base(n) * pace(max(1, math.ceil(n)))
     c = job.size
     h = horizon_s
     own = (_prefix(sorted((stays.get(n, STAYING) for n in job.nodes), key=_stays_long, reverse=True))
@@ -131,3 +142,20 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
         preempted = 1.0 - math.exp(log_stay)       # P(some node of A is taken back within H)
         out.append(Option(n, weight * (work - t * (pause + cost.down_s * preempted))))
     return tuple(out)
+
+
+def pace_of(job: JobState, nodes: Mapping[str, Node], free_speeds: Sequence[float],
+            exponent: float) -> Callable[[int], float]:
+    """For a job that slows down on slow nodes (learned ``exponent`` s), the share of its curve
+    it keeps on ``n`` nodes: ``slowdown^(−s)`` of the slowest node it would run on — of its own
+    nodes, and of the ``n − c`` fastest free ones (``free_speeds``, ascending variability: what
+    placement gives a sensitive job)."""
+    own = max((nodes[x].variability for x in job.nodes if x in nodes), default=1.0)
+    c = job.size
+
+    def pace(n: int) -> float:
+        slowest = own if n <= c or c else 0.0
+        if n > c and free_speeds:
+            slowest = max(slowest, free_speeds[min(n - c, len(free_speeds)) - 1])
+        return max(slowest, 1e-3) ** -exponent if slowest else 1.0
+    return pace
