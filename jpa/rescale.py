@@ -69,6 +69,14 @@ class RescaleLearner:
         while len(table) > limit:
             del table[next(iter(table))]
 
+    def prune(self, jobs: set[str]) -> None:
+        """Keep only these jobs' own measurements (the others ended unseen); profiles stay."""
+        for key in [k for k in self._jobs if k[0] not in jobs]:
+            del self._jobs[key]
+        for job in [j for j in self._profile if j not in jobs]:
+            del self._profile[job]
+        self.version += 1
+
     # persistence (the daemon's store keeps this across restarts)
     def dump(self) -> dict:
         return {"jobs": [[j, d.value, list(q)] for (j, d), q in self._jobs.items()],
@@ -83,7 +91,7 @@ class RescaleLearner:
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
                             and 0 <= v <= MAX_PAUSE_S:
                         self._push(table, (str(name), Direction(direction)), float(v), limit)
-        for job, prof in data.get("job_profiles", {}).items():
+        for job, prof in list(data.get("job_profiles", {}).items())[:self.MAX_JOBS]:
             self._profile.setdefault(str(job), str(prof))
         self.version += 1
 

@@ -13,7 +13,8 @@ extra group) are fitted by least squares on ``log rate`` against ``log slowdown`
 out); ``s`` is kept only when its standard error is at most ``MAX_SE`` (runs on too alike
 nodes, or too noisy, say nothing).  A job whose runs never differed in either has no estimate; one with an estimate
 feeds its profile (profiles are per user unless shared), and a job without its own
-estimate gets its profile's.  Bounded: the newest ``keep`` samples per job and count.
+estimate gets its profile's.  Bounded: the newest ``keep`` samples per job and count, at most
+``MAX_COUNTS`` counts per job; only samples at the size the job holds are taken.
 
 Pure: no clock, no I/O.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from malletrain.domain.model import Sample
 
 MIN_SPREAD = 0.02 ** 2     # Σ (centred log slowdown)²: below, the runs' speeds did not differ enough
+MAX_COUNTS = 16            # node counts whose samples a job keeps (the oldest count goes first)
 MAX_SE = 0.5               # standard error of the exponent above which it is not told (left 0)
 
 
@@ -63,6 +65,8 @@ class SensitivityLearner:
                 and 0 < s.slowdown < 1e3 and 1 <= s.groups <= 1_000_000):
             return
         per = self._obs.setdefault(s.job_id, {})
+        if s.nodes not in per and len(per) >= MAX_COUNTS:      # the oldest count's samples go
+            del per[next(iter(per))]
         q = per.setdefault(s.nodes, deque(maxlen=self.keep))
         q.append((math.log(s.slowdown), float(s.groups - 1), math.log(s.samples_per_s)))
         if len(self._obs) > self.MAX_JOBS:
@@ -108,7 +112,7 @@ class SensitivityLearner:
                 n += 1
         bx = bg = 0.0                  # slopes of log rate on log slowdown and on extra groups
         have_x, have_g = sxx > MIN_SPREAD, sgg > 0.5
-        if have_x and have_g and (det := sxx * sgg - sxg * sxg) > 1e-12:
+        if have_x and have_g and (det := sxx * sgg - sxg * sxg) > 1e-6 * sxx * sgg:
             bx = (sxy * sgg - sgy * sxg) / det
             bg = (sgy * sxx - sxy * sxg) / det
         elif have_x:
@@ -125,7 +129,7 @@ class SensitivityLearner:
             bx = 0.0
             if not have_g:
                 return None
-        return Sensitivity(min(2.0, max(0.0, -bx)), min(0.9, max(0.0, 1.0 - math.exp(bg))), n)
+        return Sensitivity(min(2.0, max(0.0, -bx)), min(0.9, max(0.0, 1.0 - math.exp(min(bg, 0.0)))), n)
 
     def get(self, job_id: str) -> Sensitivity | None:
         """The job's estimate (refitted after a quarter more samples), else its profile's, else None."""

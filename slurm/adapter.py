@@ -74,6 +74,7 @@ from malletrain.slurm.versions import Release, parse_release
 
 log = logging.getLogger("malletrain.slurm")
 MAX_ENDED_READ = 500      # ended jobs read per cycle (one squeue -j list)
+TOPOLOGY_RETRY = 60       # cycles before a failed topology read is tried again
 
 
 def _job_order(job: str) -> tuple[int, str]:
@@ -147,15 +148,18 @@ class SlurmBackend:
         self.site: dict[str, tuple[str, float]] = load_node_info(slurm.node_info, ConfigError) \
             if slurm.node_info else {}
         self.switches: dict[str, str] | None = None if slurm.topology else {}
+        self._topology_retry = 0
 
     def _learn_topology(self) -> None:
         """Leaf switches from topology.conf, read once (a cluster without the topology plugin, or
         a failing read, gives no groups; said once)."""
+        if self._cycle < self._topology_retry:
+            return
         try:
             self.switches = parse_topology(self.runner.read(["scontrol", "show", "topology"]))
-        except BackendError as exc:
-            log.info("no topology read (%s); nodes are grouped by the site file only", exc)
-            self.switches = {}
+        except BackendError as exc:      # tried again in TOPOLOGY_RETRY cycles (never every cycle)
+            log.info("no topology read (%s); nodes are grouped by the site file only for now", exc)
+            self._topology_retry = self._cycle + TOPOLOGY_RETRY
             return
         log.info("topology: %d node(s) under %d leaf switch(es)", len(self.switches),
                  len(set(self.switches.values())))

@@ -246,3 +246,28 @@ def test_the_ledger_counts_completions_waits_and_fairness():
     again = Ledger()
     again.load(led.dump())
     assert again.outcomes().completed == 1 and again.node_s == led.node_s
+
+
+def test_a_restart_does_not_measure_a_change_twice(tmp_path):
+    from malletrain.core.backend import SizeChange
+    from malletrain.domain.model import Direction
+    path = tmp_path / "7.jsonl"
+    tail = ProgressTail()
+    src = ProgressSource(tail)
+    grow = SizeChange(Direction.UP, hold_s=100.0, release_s=104.0, nodes=2)
+
+    def poll(src, now):
+        facts = {"7": JobFacts("p", "alice", str(path), uid=os.getuid(), change=grow)}
+        src.poll(Observation(Snapshot(now, (), ()), (), facts))
+        return src.pauses()
+    progress(path, 108.0, 10.0)
+    progress(path, 109.0, 20.0)
+    assert [p.pause_s for p in poll(src, 110.0)] == [8.0]
+    saved = tail.dump()                                  # the daemon stops here and restarts
+    again = ProgressTail()
+    again.load(saved)
+    src2 = ProgressSource(again)
+    progress(path, 5000.0, 90.0)                       # the same run, hours later
+    assert poll(src2, 5001.0) == ()
+    late = ProgressSource(ProgressTail(), max_pause_s=3600.0)   # nothing persisted: read too late to tell
+    assert poll(late, 5002.0) == ()

@@ -321,3 +321,25 @@ def test_node_info_files_are_checked():
         with open(path, "w") as fh:
             fh.write("node,group,slowdown\nn1,rack1,1.1\nn2,,0.9\n")
         assert load_node_info(path) == {"n1": ("rack1", 1.1), "n2": ("", 0.9)}
+
+
+def test_a_job_cannot_claim_an_enormous_speedup():
+    cfg = CoreConfig(policy="oracle", objective="speedup")
+    liar = _job("liar", lo=1, hi=8)
+    honest = _job("honest", lo=1, hi=8)
+    s = Snapshot(0.0, tuple(Node(f"n{i}") for i in range(8)), (liar, honest))
+    curves = {"liar": Curve({1: CurvePoint(1e-9, 1e-9, 1e-9), 8: CurvePoint(1e9, 1e9, 1e9)}, None, "fit"),
+              "honest": curve(lambda n: 100.0 * n ** 0.95)}
+    plan = decide(s, curves, cfg)
+    assert plan.objective <= 8 * 600.0 + 1e-6          # node-equivalents over the horizon, at most linear
+    assert plan.allocations["honest"]                   # its claim counts as linear scaling, no more
+
+
+def test_starvation_grants_take_turns_over_owners():
+    jobs = [_job(f"m{i}", lo=2, owner="mallory", submit=0.0) for i in range(3)] + [_job("a", lo=2, owner="alice",
+                                                                                     submit=500.0)]
+    s = Snapshot(2000.0, tuple(Node(f"n{i}") for i in range(4)), tuple(jobs))
+    curves = {j.job_id: curve(lambda n: 10.0 * n) for j in jobs}
+    plan = decide(s, curves, CoreConfig(policy="oracle", starvation_s=900))
+    fed = {a.job_id for a in plan.actions if a.code.value == "starving"}
+    assert fed == {"m0", "a"}                           # mallory's oldest, then alice's: not mallory's two

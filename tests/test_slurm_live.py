@@ -334,7 +334,7 @@ def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
     t0 = time.time()
 
     def primary(nodes: int, seconds: int, *extra: str) -> str:
-        return cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", str(nodes), *extra,
+        return cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", str(nodes), "-o", "/dev/null", *extra,
                           "--wrap", f"sleep {seconds}").strip().split(";")[0]
     a, b = primary(2, 6), primary(1, 3)
     c = primary(4, 4, f"--dependency=afterany:{a}:{b}")

@@ -29,7 +29,7 @@ import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_weight
+from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
 from malletrain.core.placement import place
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
@@ -227,10 +227,12 @@ def _waited(job: JobState, now_s: float) -> float:
 
 def _feed_starving(jobs: Sequence[JobState], cap: Counter, now_s: float, cfg: CoreConfig,
                    targets: dict, reasons: dict) -> list[JobState]:
-    """Give ``min_nodes`` to each job without nodes that waited ``starvation_s``, longest wait
-    first, while some node type has the room; the others go on to the allocator."""
+    """Give ``min_nodes`` to each job without nodes that waited ``starvation_s``, owners taking
+    turns (longest wait first within one), while some node type has the room; the others go on
+    to the allocator."""
     due = sorted((j for j in jobs if not j.nodes and _waited(j, now_s) >= cfg.starvation_s),
                  key=lambda j: (-_waited(j, now_s), j.job_id))
+    due = _round_robin(due, Counter())      # owners take turns: one user's many jobs cannot take every grant
     fed: set[str] = set()
     for j in due:
         t = _best_type(cap)
@@ -268,7 +270,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
                  if n <= limit]
         if j.size and j.size not in sizes and spec.min_nodes <= j.size <= spec.max_nodes:
             sizes.append(j.size)
-        rate = curve.mean if curve is not None else _no_rate
+        rate = unit_rate(j, curve.mean, cfg) if curve is not None else _no_rate
         pace = None
         s = outlook.sensitive.get(j.job_id, 0.0)
         if s > 0:
@@ -298,7 +300,8 @@ def _exposure(jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, 
         n = targets.get(j.job_id, (None, 0))[1]
         curve = curves.get(j.job_id)
         if n > j.size and curve is not None:
-            out[j.job_id] = _cost(j, outlook).down_s * curve.mean(n) * unit_weight(j, curve.mean, cfg)
+            rate = unit_rate(j, curve.mean, cfg)
+            out[j.job_id] = _cost(j, outlook).down_s * rate(n) * unit_weight(j, rate, cfg)
     return out
 
 

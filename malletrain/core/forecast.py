@@ -61,8 +61,11 @@ class ForecastSource:
             return
         if self.config.availability:
             self.history.update(snapshot.now_s, (n.name for n in snapshot.nodes))
-        if self.config.variability:
+        if self.config.variability and samples:
+            held = {j.job_id: j.size for j in snapshot.jobs}
             for s in samples:
+                if held.get(s.job_id) != s.nodes:
+                    continue       # not at the size it holds: its nodes' facts are not known
                 if s.slowdown != 1.0 or s.groups != 1 or s.job_id in self._mixed:
                     self._mixed.add(s.job_id)      # nominal samples count once a job ran elsewhere too
                     self.sensitivity.add(s)

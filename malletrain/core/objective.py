@@ -38,8 +38,9 @@ useful work over the next ``H`` seconds, in the objective's unit::
   fastest free ones): growing a sensitive job onto a slow node can cost more than it adds.
 * ``w_j``: the unit and the weight.  ``samples``: 1 (samples/s summed over
   jobs, as in BFTrainer and MalleTrain); ``speedup``: ``m_j / T_j(m_j)`` with
-  ``m_j = min_nodes``: a job's rate in node-equivalents of its smallest size, so
-  a model with a high sample rate does not outbid one with a low rate;
+  ``m_j = min_nodes``: a job's rate in node-equivalents of its smallest size (at
+  most linear: ``T_j(n)`` is capped at ``T_j(m_j)·n/m_j``), so a model with a high
+  sample rate does not outbid one with a low rate;
   ``progress``: ``1 / work_j`` (fraction of the job's work per second; a job
   whose work is not known counts as ``speedup``).  Times the owner's weight
   (``user_weights``, default 1).
@@ -59,6 +60,20 @@ from collections.abc import Callable, Mapping, Sequence
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.model import STAYING, JobState, Node, RescaleCost, Stay
 from malletrain.milp.problem import Option
+
+
+def unit_rate(job: JobState, rate: Callable[[float], float], cfg: CoreConfig) -> Callable[[float], float]:
+    """The curve the objective counts: under ``speedup`` (and ``progress`` without a known work) a
+    job's rate above linear scaling from its smallest size is not counted: speedup at most ``n/m``.
+    A job that reports a tiny rate at ``min_nodes`` cannot claim an enormous speedup."""
+    if cfg.objective == "samples" or (cfg.objective == "progress" and job.spec.work > 0):
+        return rate
+    m = max(1, job.spec.min_nodes)
+    per_node = rate(m) / m
+
+    def capped(n: float) -> float:
+        return min(rate(n), per_node * n)
+    return capped
 
 
 def unit_weight(job: JobState, rate: Callable[[float], float], cfg: CoreConfig) -> float:

@@ -40,9 +40,10 @@ from malletrain.daemon.status import (
     write_status,
 )
 from malletrain.daemon.store import Store
-from malletrain.domain.config import Config, load_config
+from malletrain.domain.config import FORECAST_POLICIES, Config, load_config
 from malletrain.domain.errors import BackendError, ConfigError, PlanError, StateError
 from malletrain.domain.model import Action, ActionKind, Plan, ReasonCode
+from malletrain.domain.nodes import load_node_info
 from malletrain.slurm.adapter import Book, SlurmBackend
 from malletrain.slurm.parse import Phase
 from malletrain.slurm.runner import Runner
@@ -109,7 +110,8 @@ class Daemon:
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes, max_records=dc.max_records_per_job,
                                  max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots)
         self.tail.load(self.store.get("tails", {}))
-        self.progress = ProgressSource(self.tail, self.store, max_bytes_per_cycle=dc.max_progress_bytes_per_cycle)
+        self.progress = ProgressSource(self.tail, self.store, max_bytes_per_cycle=dc.max_progress_bytes_per_cycle,
+                                       max_pause_s=dc.max_rescale_pause_s)
         books = self.store.books()
         self.backend = SlurmBackend(self.runner, self.config.slurm, dc, clock=clock,
                                     save_book=self._save_book, books=books)
@@ -131,6 +133,8 @@ class Daemon:
             log.warning("stored rescale pauses unreadable, learning them afresh: %s", exc)
         self._rescale_saved = self.forecast.learner.version
         self.ledger = Ledger(self.config.core.weight)
+        self._pruned = False
+        self._outcomes_saved: dict = {}
         try:
             self.ledger.load(self.store.get("outcomes", {}))
         except (TypeError, ValueError, AttributeError) as exc:
@@ -284,13 +288,18 @@ class Daemon:
         obs = self.journal.last
         if obs is None:
             return
-        before = self.ledger.completed
+        if not self._pruned:      # what was stored of jobs that ended while the daemon was down goes
+            self._pruned = True
+            self.forecast.learner.prune(set(obs.facts) | set(obs.ended))
         self.ledger.observe(obs, self.progress.final)
-        if self.ledger.completed != before or obs.finished:
+        dump = self.ledger.dump()
+        if dump != self._outcomes_saved:
             try:
-                self.store.put("outcomes", self.ledger.dump())
+                self.store.put("outcomes", dump)
             except StateError as exc:
                 self._state_failed(exc)
+                return
+            self._outcomes_saved = dump
 
     def _save_rescale(self) -> None:
         """The learned rescale pauses survive a restart (written when they changed)."""
@@ -365,12 +374,27 @@ class Daemon:
             log.error("reload failed, keeping the running config: %s", exc)
             self.metrics.reload_failures.inc()
             return
+        site = self.backend.site
+        if new.slurm.node_info != self.config.slurm.node_info or new.slurm.node_info:
+            try:      # the site file is read again (it may have changed); a bad one fails the reload
+                site = load_node_info(new.slurm.node_info, ConfigError) if new.slurm.node_info else {}
+            except ConfigError as exc:
+                log.error("reload failed, keeping the running config: %s", exc)
+                self.metrics.reload_failures.inc()
+                return
         if (new.daemon.metrics_port, new.daemon.state_dir) != (self.config.daemon.metrics_port,
                                                                self.config.daemon.state_dir):
             log.warning("metrics_port and state_dir changes take effect at the next restart")
+        if (new.core.stay_min_fragments, new.core.stay_half_life) != (self.config.core.stay_min_fragments,
+                                                                      self.config.core.stay_half_life):
+            log.warning("stay_min_fragments and stay_half_life changes take effect at the next restart")
+        if new.slurm.topology != self.config.slurm.topology:
+            self.backend.switches = None if new.slurm.topology else {}   # read again (or dropped)
+        self.backend.site = site
         self.config = new
         self.source = CurveSource(new.core, advisor=self.source.advisor)
-        self.forecast = ForecastSource(new.core, learner=self.forecast.learner, history=self.forecast.history)
+        self.forecast = ForecastSource(new.core, learner=self.forecast.learner, history=self.forecast.history,
+                                       sensitivity=self.forecast.sensitivity)
         self.ledger.weight = new.core.weight
         self.recovery.config = _recovery_config(new.daemon)
         self.backend.slurm, self.backend.daemon = new.slurm, new.daemon
@@ -428,10 +452,13 @@ class Daemon:
             why = self.reasons.get(jid)
             gave_up = self.recovery.given_up.get(jid)
             rescale = None
-            if tag is not None:
-                cost = self.forecast.learner.cost(jid, tag.rescale_up_s, tag.rescale_down_s)
-                rescale = Rescale(cost.up_s, cost.down_s, cost.up_n, cost.down_n,
-                                  tag.rescale_up_s, tag.rescale_down_s)
+            if tag is not None:     # what the decisions charge: learned only where they learn
+                core = self.config.core
+                cost = (self.forecast.learner.cost(jid, tag.rescale_up_s, tag.rescale_down_s)
+                        if core.learn_rescale and core.policy in FORECAST_POLICIES else None)
+                rescale = (Rescale(cost.up_s, cost.down_s, cost.up_n, cost.down_n, tag.rescale_up_s,
+                                   tag.rescale_down_s) if cost is not None else
+                           Rescale(tag.rescale_up_s, tag.rescale_down_s, 0, 0, tag.rescale_up_s, tag.rescale_down_s))
             jobs.append(JobStatus(
                 job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
                 slurm_reason=r.reason, nodes=tuple(r.nodes) if size else (), size=size,

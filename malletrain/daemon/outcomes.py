@@ -3,7 +3,8 @@ and how evenly the harvested nodes went to users.
 
 Per job the ledger notes when Slurm says it was submitted and the first cycle it was seen
 running; a job is *completed* when Slurm reports it ended and its last run ended with its
-final ``done`` record (what the safety net also reads).  Its completion time is then
+final ``done`` record (what the safety net also reads; also a job the daemon cancelled because
+its work had ended).  Its completion time is then
 ``end − submit`` and its wait ``first start − submit`` (both at cycle granularity).  Every
 cycle each user is credited the node-seconds their running jobs held since the last cycle;
 Jain's index over users' node-seconds (divided by their ``user_weights``) says how evenly
@@ -21,6 +22,7 @@ from malletrain.domain.stats import jain, percentile
 
 MAX_OUTCOMES = 1000
 MAX_USERS = 100_000
+MAX_JOBS = 1 << 17      # jobs whose first start is remembered (forgotten when they leave)
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,12 @@ class Ledger:
             self.submit.setdefault(j.job_id, j.spec.submit_s)
             if j.nodes:
                 self.started.setdefault(j.job_id, now)
+                if len(self.started) > MAX_JOBS:
+                    del self.started[next(iter(self.started))]
                 user = obs.facts[j.job_id].user if j.job_id in obs.facts else j.spec.owner
                 self._held[user] = self._held.get(user, 0) + j.size
-        for job, facts in obs.ended.items():
-            if job in self._counted or final.get(job) is not True or facts.state != "COMPLETED":
+        for job in obs.ended:     # its last run ended with its final 'done' record (whatever Slurm says)
+            if job in self._counted or final.get(job) is not True:
                 continue
             self._counted.add(job)
             submit = self.submit.get(job)
@@ -88,9 +92,11 @@ class Ledger:
 
     # persistence (the store keeps it across restarts)
     def dump(self) -> dict:
-        return {"node_s": dict(self.node_s), "done": [list(d) for d in self.done], "completed": self.completed}
+        return {"node_s": {u: round(s, 1) for u, s in self.node_s.items()}, "done": [list(d) for d in self.done],
+                "completed": self.completed, "started": dict(self.started)}
 
     def load(self, data: dict) -> None:
-        self.node_s = {str(u): float(s) for u, s in data.get("node_s", {}).items()}
+        self.node_s = {str(u): float(s) for u, s in list(data.get("node_s", {}).items())[:MAX_USERS]}
         self.done = [(float(a), float(b)) for a, b in data.get("done", [])][-MAX_OUTCOMES:]
         self.completed = int(data.get("completed", 0))
+        self.started = {str(j): float(t) for j, t in list(data.get("started", {}).items())[:MAX_JOBS]}

@@ -15,9 +15,11 @@ run (same ``restart`` and ``nodes``).
 Rescale pauses: when the daemon changed a job's size (:class:`SizeChange` in its
 facts: told to stop at ``hold_s``, released at ``release_s`` onto ``nodes``), the
 first ``progress`` record of the job's next run on that many nodes ends the pause:
-``pause = t_first − hold_s``, measured once per change and bounded by what the
-daemon saw itself — at least ``release_s − hold_s`` (Slurm's part, which no job can
-shorten) and at most the time of the read.  These are the rescale-cost learner's
+``pause = t_first − hold_s``, measured once per change (the run last read and the
+change measured are persisted with the offsets) and bounded by what the daemon saw
+itself — at least ``release_s − hold_s`` (Slurm's part, which no job can shorten) and
+at most the time of the read; a change read more than ``max_pause_s`` after it was
+made (the daemon was down) is not measured.  These are the rescale-cost learner's
 input (:mod:`malletrain.jpa.rescale`).
 
 Everything in the file comes from the job's owner (SECURITY.md): the file is
@@ -70,6 +72,7 @@ class TailState:
     eof: bool = False            # the last poll read to the end of the file
     run: tuple | None = None     # (restart, nodes) of the last progress record's run
     new_runs: list = field(default_factory=list)   # (restart, nodes, t) of runs first seen this poll
+    measured: float | None = None   # hold_s of the size change whose pause was measured from this file
 
 
 @dataclass
@@ -255,14 +258,19 @@ class ProgressTail:
 
     # persistence (the daemon's store saves and restores these)
     def dump(self) -> dict:
-        return {p: [s.offset, s.inode, list(s.last) if s.last else None, s.done] for p, s in self.files.items()}
+        return {p: [s.offset, s.inode, list(s.last) if s.last else None, s.done,
+                    list(s.run) if s.run else None, s.measured] for p, s in self.files.items()}
 
     def load(self, data: dict) -> None:
         for p, entry in data.items():
             try:
                 offset, inode, last, *rest = entry
-                self.files[p] = TailState(int(offset), int(inode), tuple(last) if last else None,
-                                          bool(rest[0]) if rest else False)
+                st = TailState(int(offset), int(inode), tuple(last) if last else None,
+                               bool(rest[0]) if rest else False)
+                if len(rest) >= 3:   # the run last read and the change measured (so a restart measures nothing twice)
+                    st.run = tuple(int(x) for x in rest[1]) if rest[1] else None
+                    st.measured = float(rest[2]) if rest[2] is not None else None
+                self.files[p] = st
             except (TypeError, ValueError):
                 log.warning("stored offset of %s unreadable; reading that file from the start", p)
 
@@ -277,7 +285,7 @@ class ProgressSource:
     """
 
     def __init__(self, tail: ProgressTail, journal: SampleJournal | None = None, *,
-                 max_bytes_per_cycle: int | None = None) -> None:
+                 max_bytes_per_cycle: int | None = None, max_pause_s: float = 3600.0) -> None:
         self.tail = tail
         self.journal = journal
         self.max_bytes_per_cycle = max_bytes_per_cycle
@@ -287,8 +295,8 @@ class ProgressSource:
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
         self._paths: dict[str, str] = {}
         self._pauses: list[PauseSample] = []
-        self._measured: dict[str, float] = {}        # job -> hold_s of the change already measured
         self._now = 0.0
+        self.max_pause_s = max_pause_s
         self._saved = tail.dump()
 
     def _state(self, job: str) -> TailState | None:
@@ -313,14 +321,14 @@ class ProgressSource:
         """The pause of the job's latest size change, from the first record of its new run."""
         runs, st.new_runs = st.new_runs, []
         ch = facts.change
-        if ch is None or self._measured.get(job) == ch.hold_s:
+        if ch is None or st.measured == ch.hold_s:
             return
         for _, nodes, t in runs:
             if nodes == ch.nodes and t >= ch.hold_s:
                 low, high = ch.release_s - ch.hold_s, self._now - ch.hold_s
-                if high < low:
-                    return
-                self._measured[job] = ch.hold_s
+                st.measured = ch.hold_s          # one measurement per change, whatever comes of it
+                if high < low or high > self.max_pause_s:
+                    return     # read too late to tell the pause from the wait (a restart, a slow read)
                 self._pauses.append(PauseSample(job, ch.direction, min(high, max(low, t - ch.hold_s)),
                                                 self._now))
                 return
@@ -402,7 +410,6 @@ class ProgressSource:
             self.tail.forget(path, job)
         self.latest.pop(job, None)
         self.last_progress.pop(job, None)
-        self._measured.pop(job, None)
 
     def _persist(self, out: list[Sample]) -> None:
         if self.journal is not None:
