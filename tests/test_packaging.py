@@ -57,7 +57,7 @@ def test_installed_copy_replays_the_shipped_example(installed, tmp_path):
          "--workload", os.path.join(ROOT, "examples", "workload-pollux.yaml"), "--policy", "static",
          "--noise", "0.05", "--out", str(out), "--quiet"], cwd=str(tmp_path))
     got = json.loads((out / "summary.json").read_text())
-    want = json.loads(open(os.path.join(ROOT, "tests", "golden", "replay", "philly-1day-static.json")).read())
+    want = json.loads(open(os.path.join(ROOT, "tests", "golden", "replay", "v2", "philly-1day-static.json")).read())
     assert {k: got[k] for k in want} == want
     assert (out / "nodes.png").stat().st_size > 0
     where = run([os.path.join(os.path.dirname(installed[0]), "python"), "-c",
