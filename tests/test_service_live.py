@@ -38,13 +38,14 @@ UNIT = "malletrain.service"
 METRICS_PORT = 9687          # the installed default; the container shares the host's network
 CONFIG = "/etc/malletrain/config.yaml"
 STATE = "/var/lib/malletrain"
+SLURM_CONF = "/etc/slurm-cluster/slurm.conf"     # inside the container
 
 
 def _config(cluster, interval_s: float) -> str:
     """The service's config for the test: the installed defaults, a short interval, homes as
     the only progress root."""
     return (f"core: {{policy: malletrain, horizon_s: 300, min_dwell_s: 4}}\n"
-            f"slurm: {{partition: scavenger, slurm_conf: {cluster.conf}, command_timeout_s: 10}}\n"
+            f"slurm: {{partition: scavenger, slurm_conf: {SLURM_CONF}, command_timeout_s: 10}}\n"
             f"daemon: {{interval_s: {interval_s:g}, state_dir: {STATE}, metrics_port: {METRICS_PORT}, "
             f"vacate_lead_s: 60, rescale_wait_s: 30, start_timeout_s: 30, progress_roots: [/home]}}\n")
 
@@ -106,8 +107,15 @@ def service(cluster, tmp_path_factory):
     with Container(root, str(tmp / "container.log"), ro_binds=(ROOT, cluster.dir, "/home")) as box:
         box.add_account(OPERATOR)
         box.copy_in(wheel, "/root/" + os.path.basename(wheel))
+        # the cluster's client config, where a login node keeps it: the unit's PrivateTmp would hide
+        # a checkout (and so the test cluster's directory) under /tmp from the service
+        os.makedirs(box.path(os.path.dirname(SLURM_CONF)), exist_ok=True)
+        for name in ("slurm.conf", "cgroup.conf", "gres.conf"):
+            src = os.path.join(os.path.dirname(cluster.conf), name)
+            if os.path.exists(src):
+                box.copy_in(src, os.path.join(os.path.dirname(SLURM_CONF), name))
         box.sh("bash", os.path.join(ROOT, "scripts", "install-service.sh"), "--wheel",
-               "/root/" + os.path.basename(wheel), "--slurm-conf", cluster.conf, timeout_s=600)
+               "/root/" + os.path.basename(wheel), "--slurm-conf", SLURM_CONF, timeout_s=600)
         yield Service(box)
         box.systemctl("stop", UNIT, check=False)
 
@@ -118,7 +126,10 @@ def test_the_service_under_real_systemd(cluster, service, users, user_conf):
     assert box.systemctl("is-enabled", UNIT).stdout.strip() == "enabled"
 
     # ---- start: READY, cycles in the status line, JSON lines in the journal, the account
-    wait_until(lambda: svc.cycling(10), 60, "the installed service (defaults: every 10 s) to cycle")
+    try:
+        wait_until(lambda: svc.cycling(10), 60, "the installed service (defaults: every 10 s) to cycle")
+    except AssertionError as exc:      # say what the unit did
+        raise AssertionError(f"{exc}; unit {svc.show()}; journal: {svc.messages()[-3000:]}") from None
     pid = svc.main_pid()
     lines = wait_until(lambda: [r for r in svc.daemon_lines(pid) if r.get("slurm_release")], 30,
                        "the daemon's 'Slurm 24.11' line in the journal")
