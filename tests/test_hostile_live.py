@@ -174,13 +174,18 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
         # Mallory's writers must run for their records to be written: the daemon probes them
 
         # ------------------------------------------------ while under attack
+        # at least 60 s and 15 cycles under attack; a slow (loaded) machine gets up to 240 s for the
+        # 15 cycles, a daemon that stopped cycling does not get them at all
         cycles0 = d.status().cycle
-        deadline = time.time() + 60
-        alice_sizes = []
-        while time.time() < deadline:
+        t_attack = time.time()
+        alice_sizes = {}                  # cycle -> Alice's nodes, as the status file said after it
+        while True:
             st = d.status()
-            alice_sizes.append(sum(j.size for j in st.jobs if j.user == ALICE))
+            alice_sizes[st.cycle] = sum(j.size for j in st.jobs if j.user == ALICE)
             assert d.alive(), "the daemon died"
+            waited = time.time() - t_attack
+            if (waited >= 60 and st.cycle > cycles0 + 15) or waited >= 240:
+                break
             time.sleep(1)
         st = d.status()
         assert st.cycle > cycles0 + 15, "the daemon stopped cycling"
@@ -199,12 +204,17 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
     # ------------------------------------------------ Alice kept her service
     # Mallory's probes (at most probes_per_owner jobs at a time, each withdrawn after probe_timeout_s
     # without a measurement) may displace Alice for a while; they may not keep her off the nodes
-    gaps, run = [], 0
-    for n in alice_sizes:
-        run = run + 1 if n == 0 else 0
-        gaps.append(run)
-    assert max(gaps) <= 20, f"Alice was starved of nodes: {alice_sizes}"
-    assert sum(alice_sizes) / len(alice_sizes) >= 1.5, alice_sizes
+    # (counted in cycles, so a slow machine does not read as starvation)
+    longest, since = 0, None
+    for cycle in sorted(alice_sizes):
+        if alice_sizes[cycle] == 0:
+            since = cycle if since is None else since
+            longest = max(longest, cycle - since + 1)
+        else:
+            since = None
+    sizes = [alice_sizes[c] for c in sorted(alice_sizes)]
+    assert longest <= 10, f"Alice was starved of nodes for {longest} cycles: {sizes}"
+    assert sum(sizes) / len(sizes) >= 1.5, sizes
 
     # ------------------------------------------------ what the daemon wrote to
     mallory_malleable = {paths[w][0] for w in paths} | {copied}
