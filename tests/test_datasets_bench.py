@@ -120,9 +120,26 @@ def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
     write_workload(doc, str(tmp_path / "w.yaml"))
     write_events(philly_events(data_dir, "2017-10-10T00:00:00Z", 0.5), str(tmp_path / "p.csv"))
     assert main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
-                 str(tmp_path / "w.yaml"), "--policies", "malletrain,oracle,static", "--json"]) == 0
+                 str(tmp_path / "w.yaml"), "--policies", "malletrain,oracle,static", "--bound", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["policy"] for r in rows] == ["malletrain", "oracle", "static"]
+    assert [r["label"] for r in rows] == ["malletrain", "oracle", "static", "bound"]
+    assert [r["policy"] for r in rows] == ["malletrain", "oracle", "static", "oracle"]
+    bound, oracle = rows[3], rows[1]
+    assert main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
+                 str(tmp_path / "w.yaml"), "--policies", "malletrain,static", "--plain", "--seeds", "2",
+                 "--json"]) == 0
+    seeded = json.loads(capsys.readouterr().out)["rows"]
+    # static acts on no reported sample: one run; the others once per seed; plain has the
+    # forecasts off and is told the true pauses
+    assert [(r["label"], r["seed"]) for r in seeded] == [
+        ("malletrain", 0), ("malletrain", 1), ("static", 0), ("malletrain-plain", 0), ("malletrain-plain", 1)]
+    assert seeded[0]["rescale_guess"] == [30.0, 10.0] and seeded[3]["rescale_guess"] is None
+    # the bound pays nothing for a change and knows the windows: no pause or loss, and at least
+    # as much useful work as the oracle that pays the workload's pauses
+    assert bound["window_oracle"] and not oracle["window_oracle"]
+    assert bound["lost_samples"] == 0 and bound["rescale_pause_samples"] == 0
+    assert oracle["lost_samples"] + oracle["rescale_pause_samples"] > 0
+    assert bound["useful_samples"] >= oracle["useful_samples"]
 
 
 def test_scale_bench_reads_sdiag_and_renders_its_table():

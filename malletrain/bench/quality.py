@@ -1,41 +1,90 @@
-"""``malletrain bench quality``: every policy on one trace and workload, side by side."""
+"""``malletrain bench quality``: every policy on one trace and workload, side by side.
+
+With ``plain``, one more row: the ``malletrain`` policy as it was before it learned pauses and
+stays (``learn_rescale``, ``availability`` and ``variability`` off) and told the workload's true
+pauses: what the forecasts are measured against.
+
+With ``bound``, one more row: the ``oracle`` policy on the same trace and workload with every
+rescale pause set to zero (so a preemption loses nothing either: a job checkpoints in no time),
+each idle node's true next busy time handed to it (``window_oracle``) and a horizon of one
+interval.  It knows everything and pays nothing for a change: the headroom any policy has over
+the others on this trace.  It is a reference, not a proof: it is still a sequence of greedy
+decisions, so a clairvoyant schedule over the whole trace could do a little better.
+"""
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import sys
 from collections.abc import Sequence
 
 from malletrain.bench import Report
 from malletrain.domain.config import CoreConfig
 
+# policies that act on nothing a job reports (true curves, told pauses): the seed changes nothing
+SEED_FREE = ("bftrainer", "static")
+
 
 def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], *,
                   nodes: int | None = None, start: float | None = None, end: float | None = None,
                   max_jobs: int | None = None, noise: float = 0.05, interval_s: float = 30.0,
-                  progress: bool = True, core: dict | None = None) -> Report:
-    """Every policy on one trace and workload (same seed and noise).  ``lost+pause``: samples
-    lost to preemptions plus those lost to rescale pauses (at the old rate)."""
+                  progress: bool = True, core: dict | None = None, bound: bool = False,
+                  plain: bool = False, seeds: int = 1) -> Report:
+    """Every policy on one trace and workload (same seeds and noise).  ``lost+pause``: samples
+    lost to preemptions plus those lost to rescale pauses (at the old rate).  With ``seeds`` > 1
+    every row is the mean over seeds 0..seeds-1 (± the standard deviation): one seed's
+    difference of a few percent is within the noise of the samples a policy learns from."""
     from malletrain.replay.engine import ReplayOptions, run_replay
     from malletrain.replay.traces import load_trace
     from malletrain.replay.workload import load_workload
     trace = load_trace(trace_path, nodes=nodes, start=start, end=end)
     workload = load_workload(workload_path)
-    rows, lines = [], []
-    for policy in policies:
-        opts = ReplayOptions(core=CoreConfig(policy=policy, **(core or {})), interval_s=interval_s,
-                             max_jobs=max_jobs, noise=noise, seed=0, quiet=True)
-        s = run_replay(trace, workload, opts).summary
-        rows.append(s.to_dict())
-        lp = s.lost_samples + s.rescale_pause_samples
-        lines.append(f"{policy:15s} useful {s.useful_samples:11.5g}  harvested "
-                     f"{100 * s.harvested_fraction:5.1f}%  done {s.jobs_completed:3d}/{s.jobs}  "
-                     f"lost+pause {lp:9.4g} ({100 * lp / max(s.useful_samples, 1e-9):4.2f}%)  rescales "
-                     f"{s.rescales:5d}  preempt {s.preemptions:4d}  decide p95 {s.decision_ms_p95:7.1f} ms  "
-                     f"wall {s.wall_s:6.1f} s")
+    free = [dataclasses.replace(j, rescale_up_s=0.0, rescale_down_s=0.0) for j in workload]
+    guess = ReplayOptions().rescale_guess
+    # (label, policy, workload, window oracle, core knobs, what the policy is told of the pauses)
+    runs = [(p, p, workload, False, core or {}, guess) for p in policies]
+    if plain:
+        runs.append(("malletrain-plain", "malletrain", workload, False,
+                     {**(core or {}), "learn_rescale": False, "availability": False, "variability": False}, None))
+    if bound:
+        runs.append(("bound", "oracle", free, True, {**(core or {}), "horizon_s": interval_s}, None))
+    rows, lines, means = [], [], {}
+    for label, policy, jobs, oracle_windows, knobs, told in runs:
+        got = []
+        for seed in range(1 if policy in SEED_FREE else max(1, seeds)):
+            opts = ReplayOptions(core=CoreConfig(policy=policy, **knobs), interval_s=interval_s,
+                                 max_jobs=max_jobs, noise=noise, seed=seed, quiet=True,
+                                 window_oracle=oracle_windows, rescale_guess=told)
+            s = run_replay(trace, jobs, opts).summary
+            rows.append({**s.to_dict(), "label": label})
+            got.append(s)
+        useful = [s.useful_samples for s in got]
+        lost = [s.lost_samples + s.rescale_pause_samples for s in got]
+        means[label] = (statistics.fmean(useful), statistics.fmean(lost))
+        lines.append(f"{label:16s} useful {_spread(useful)}  harvested "
+                     f"{100 * statistics.fmean(s.harvested_fraction for s in got):5.1f}%  done "
+                     f"{statistics.fmean(s.jobs_completed for s in got):5.1f}/{got[0].jobs}  "
+                     f"lost+pause {_spread(lost)} ({100 * means[label][1] / max(means[label][0], 1e-9):4.2f}%)  "
+                     f"rescales {statistics.fmean(s.rescales for s in got):6.0f}  preempt "
+                     f"{statistics.fmean(s.preemptions for s in got):5.0f}  decide p95 "
+                     f"{max(s.decision_ms_p95 for s in got):7.1f} ms  wall {sum(s.wall_s for s in got):6.1f} s")
+        if seeds > 1 and len(got) == 1:
+            lines[-1] += "  (one seed: it acts on no reported sample)"
         if progress:
             print(lines[-1], file=sys.stderr)
-    base = {r["policy"]: r["useful_samples"] for r in rows}
-    if "malletrain" in base:
-        for k, v in base.items():
-            if k != "malletrain" and v:
-                lines.append(f"malletrain / {k}: {base['malletrain'] / v:.3f}")
-    return Report({"trace": trace_path, "rows": rows}, lines)
+    if "malletrain" in means:
+        mine = means["malletrain"]
+        for k, (u, lp) in means.items():
+            if k != "malletrain" and u:
+                lines.append(f"malletrain / {k}: useful {mine[0] / u:.3f}, lost+pause "
+                             f"{mine[1] / lp:.3f}" if lp else f"malletrain / {k}: useful {mine[0] / u:.3f}")
+    if "bound" in means and "bftrainer" in means and means["bftrainer"][0]:
+        lines.append(f"bound / bftrainer: {means['bound'][0] / means['bftrainer'][0]:.3f} (the most any "
+                     "policy could gain over bftrainer here, to within the greedy bound's slack)")
+    return Report({"trace": trace_path, "seeds": max(1, seeds), "rows": rows}, lines)
+
+
+def _spread(xs: Sequence[float]) -> str:
+    if len(xs) == 1:
+        return f"{xs[0]:10.4g}"
+    return f"{statistics.fmean(xs):10.4g} ± {statistics.stdev(xs):8.2g}"

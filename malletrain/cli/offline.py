@@ -144,18 +144,32 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bc.add_argument("--repeat", type=positive(int, 1000), default=3)
     bc.add_argument("--time-limit", type=TIME_LIMIT, default=60.0)
     bc.add_argument("--json", action="store_true")
-    bq = bsub.add_parser("quality", help="all policies side by side on one trace and workload")
+    bq = bsub.add_parser("quality", help="all policies side by side on one trace and workload",
+                         description="Replay one trace and workload under several policies (same seed and "
+                                     "noise) and print useful samples, harvest, completions, samples lost "
+                                     "to preemptions plus rescale pauses, and decide latency per policy, "
+                                     "then malletrain's ratio to each.")
     bq.set_defaults(run=cmd_bench_quality)
-    bq.add_argument("--trace", required=True)
-    bq.add_argument("--workload", required=True)
-    bq.add_argument("--policies", default=",".join(POLICIES))
-    bq.add_argument("--nodes", type=NODES)
-    bq.add_argument("--start", type=time_arg)
-    bq.add_argument("--end", type=time_arg)
-    bq.add_argument("--max-jobs", type=JOBS)
-    bq.add_argument("--noise", type=NOISE, default=0.05)
-    bq.add_argument("--interval", type=INTERVAL, default=30.0)
-    bq.add_argument("--json", action="store_true")
+    bq.add_argument("--trace", required=True, help="node-event CSV(.gz), SWF log, or sacct export")
+    bq.add_argument("--workload", required=True, help="malleable workload YAML")
+    bq.add_argument("--policies", default=",".join(POLICIES),
+                    help=f"comma-separated (default: all: {','.join(POLICIES)})")
+    bq.add_argument("--nodes", type=NODES, help="first N distinct nodes in trace order")
+    bq.add_argument("--start", type=time_arg, help="replay from TIME (ISO-8601 or epoch)")
+    bq.add_argument("--end", type=time_arg, help="replay until TIME")
+    bq.add_argument("--max-jobs", type=JOBS, help="at most K admitted jobs at once")
+    bq.add_argument("--noise", type=NOISE, default=0.05, help="relative noise of reported samples (default 0.05)")
+    bq.add_argument("--interval", type=INTERVAL, default=30.0, metavar="S",
+                    help="decide at least every S seconds (default 30)")
+    bq.add_argument("--bound", action="store_true",
+                    help="add a 'bound' row: oracle with free rescales and the true idle windows "
+                         "(the headroom any policy has on this trace)")
+    bq.add_argument("--plain", action="store_true",
+                    help="add a 'malletrain-plain' row: malletrain without learned pauses, predicted "
+                         "stays and variability, told the true pauses (as before issue #12)")
+    bq.add_argument("--seeds", type=positive(int, 100), default=1, metavar="K",
+                    help="run every row with seeds 0..K-1 and print mean ± sd (default 1)")
+    bq.add_argument("--json", action="store_true", help="print JSON only")
 
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
                          description="Run N real daemon cycles against the cluster the config names "
@@ -211,7 +225,8 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
                          f"{', '.join(POLICIES)}")
     bench_quality(args.trace, args.workload, policies, nodes=args.nodes, start=args.start,
                   end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
-                  progress=not args.json).emit(args.json)
+                  progress=not args.json, bound=args.bound,
+                  plain=args.plain, seeds=args.seeds).emit(args.json)
     return 0
 
 
