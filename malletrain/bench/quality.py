@@ -22,7 +22,7 @@ from malletrain.bench import Report
 from malletrain.domain.config import CoreConfig
 
 # policies that act on nothing a job reports (true curves, told pauses): the seed changes nothing
-SEED_FREE = ("bftrainer", "static")
+SEED_FREE = ("bftrainer", "bftrainer-guess", "static")
 
 
 def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], *,
