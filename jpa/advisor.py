@@ -15,8 +15,9 @@ Cleaning rules
 Prior sharing: jobs with the same ``profile`` key (HPO trials of one model)
 share a *shape*.  A job with fewer than 3 measured counts whose profile has a
 fitted shape uses that shape — as it is before the job has data, scaled to its
-own measurements after — and is never probed.  A job with no profile shape is
-probed at up to 3 counts.
+own measurements after — and is probed only where its range reaches beyond
+what was measured (:func:`beyond_probe`: at twice the largest measured count).
+A job with no profile shape is probed at up to 3 counts.
 """
 from __future__ import annotations
 
@@ -43,6 +44,19 @@ def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:
     if len(counts) < min(k, hi - lo + 1):
         counts = sorted({lo, round(math.sqrt(lo * hi)), hi})
     return tuple(counts[:k])
+
+
+def beyond_probe(min_nodes: int, max_nodes: int, known: Iterable[int]) -> int | None:
+    """The count a job that borrows its profile's shape probes first: twice the largest count
+    measured so far (by the profile or by the job), when the job may run there.  The shape
+    says nothing reliable beyond what was measured (real curves have bumps the model smooths
+    out), so one measurement there replaces an extrapolation; none when the job's range is
+    covered (``2 · top > max_nodes``)."""
+    top = max((n for n in known if n > 0), default=0)
+    if top <= 0:
+        return None
+    n = 2 * top
+    return n if max(1, min_nodes) <= n <= max_nodes else None
 
 
 MIN_RATE = 1e-9      # samples/s: slower is no measurement (and keeps 1/rate finite)
@@ -271,6 +285,7 @@ class Advisor:
             fit, source = (shape.rescaled(1.0 / k) if k > 0 else shape), "profile-prior"
             anchors = {n: k * x for n, x in self._pooled.get(prof, {}).items()}
             anchors.update(measured)
+            probe = beyond_probe(min_nodes, max_nodes, anchors)
         else:
             wanted = [n for n in probe_counts(min_nodes, max_nodes, self.max_probes)
                       if n not in measured]

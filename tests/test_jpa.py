@@ -113,8 +113,17 @@ def test_profile_prior_shared_across_trials():
     # trial b is 3x faster per sample (other batch size) and measured at one count only
     feed(adv, "b", 2, [3 * f(2)] * 4)
     c = adv.curve("b", 1, 16, [1, 2, 4, 8, 16], "bert")
-    assert c.probe is None and c.source == "profile-prior"
+    assert c.source == "profile-prior"
     assert c.points[8].mean == pytest.approx(3 * f(8), rel=1e-6)
+    # within the profile's measured range (1-4) the shape is trusted: no probe
+    assert adv.curve("b", 1, 4, [1, 2, 4], "bert").probe is None
+    # beyond it, one measurement replaces the extrapolation: twice the largest measured count
+    assert c.probe == 8
+    feed(adv, "b", 8, [3 * f(8) * 1.3] * 4, 100.0)          # the real curve has a bump at 8
+    c = adv.curve("b", 1, 16, [1, 2, 4, 8, 16], "bert")
+    assert c.points[8].mean == pytest.approx(3 * f(8) * 1.3, rel=1e-6)   # measured, not modelled
+    assert c.probe == 16
+    assert adv.curve("b", 1, 12, [8, 12], "bert").probe is None          # 16 is beyond its range
     # without the shared profile the same data would still need probes
     adv.register("c", "")
     feed(adv, "c", 2, [3 * f(2)] * 4)
@@ -213,3 +222,13 @@ def test_a_finished_job_is_forgotten_but_its_profile_prior_stays():
             a.add(Sample(f"j{i}", n, 100.0 * n ** 0.8, float(t)))
         a.forget(f"j{i}")
     assert len(a.retired()["alice/resnet"]) == Advisor.MAX_RETIRED_PER_PROFILE
+
+
+def test_beyond_probe_doubles_the_largest_measured_count_within_the_range():
+    from malletrain.jpa.advisor import beyond_probe
+    assert beyond_probe(1, 16, [1, 2, 4]) == 8
+    assert beyond_probe(2, 12, {2: 1.0, 3: 1.0, 4: 1.0, 12: 1.0}) is None   # 24 > 12
+    assert beyond_probe(2, 8, [2, 3, 4]) == 8
+    assert beyond_probe(2, 7, [2, 3, 4]) is None                           # 8 > max_nodes
+    assert beyond_probe(16, 64, [1, 2]) is None                            # 4 < min_nodes
+    assert beyond_probe(1, 16, []) is None
