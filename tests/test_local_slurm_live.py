@@ -19,10 +19,6 @@ from devtools.local_slurm import LocalSlurm
 
 pytestmark = [pytest.mark.live]
 
-ROOTS = os.environ.get("MALLETRAIN_SLURM_ROOTS", "/var/cache/malletrain/roots")
-SUITE = {"26.05": "sid"}
-
-
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as fh:
@@ -31,16 +27,19 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _processes_naming(directory: str) -> list[str]:
-    """Processes whose command line names ``directory`` (the config, spool and pid files
-    all live below it)."""
+def _processes_naming(directory: str) -> list[tuple[str, str]]:
+    """(pid, command line) of the processes whose command line names ``directory`` (the
+    config, spool and pid files all live below it)."""
     hits = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         cmd = _read(f"/proc/{pid}/cmdline")
         if directory.encode() in cmd:
-            argv = cmd.replace(b"\0", b" ").decode(errors="replace")
-            hits.append(f"{pid}: {argv[:200]}")
+            hits.append((pid, cmd.replace(b"\0", b" ").decode(errors="replace")[:200]))
     return hits
+
+
+def _program(argv: str) -> str:
+    return os.path.basename(argv.split(" ", 1)[0])
 
 
 def _chrooted_in(root: str) -> list[str]:
@@ -67,16 +66,19 @@ def test_down_leaves_no_process_and_no_mount(version):
     if os.geteuid() != 0:
         pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
     directory = f"{TEST_DIR}-down"
-    root = os.path.join(ROOTS, SUITE[version])
     cluster = LocalSlurm(directory, TEST_PORT + 80)
     try:
         cluster.up("--slurm", version, "--accounting", "--nodes", "2")
         assert cluster.run("sinfo", "-h", "-o", "%D").stdout.strip() == "2"
-        up_procs, chrooted = _processes_naming(directory), _chrooted_in(root)
+        up_procs = _processes_naming(directory)
+        ctld = [pid for pid, argv in up_procs if _program(argv) == "slurmctld"]
+        root = os.readlink(f"/proc/{ctld[0]}/root") if ctld else "/"   # the Debian root it runs in
+        chrooted = _chrooted_in(root)
         mounted = [pid for pid in chrooted if _has_proc_mounted(pid)]
     finally:
         cluster.script("down")
-    assert any("slurmctld" in p for p in up_procs) and any("slurmd" in p for p in up_procs), up_procs
+    assert ctld and any(_program(argv) == "slurmd" for _, argv in up_procs), up_procs
+    assert root != "/", f"slurmctld of Slurm {version} does not run chrooted in a Debian root"
     assert chrooted and mounted, f"no process ran in {root} with its /proc mounted while the cluster was up"
     # down waits for its processes; allow the kernel a moment to reap the last of them
     wait_until(lambda: not _processes_naming(directory), 10, "no process naming the cluster's directory")
