@@ -76,8 +76,8 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
         mine = means["malletrain"]
         for k, (u, lp) in means.items():
             if k != "malletrain" and u:
-                lines.append(f"malletrain / {k}: useful {mine[0] / u:.3f}, lost+pause "
-                             f"{mine[1] / lp:.3f}" if lp else f"malletrain / {k}: useful {mine[0] / u:.3f}")
+                lost_ratio = f", lost+pause {mine[1] / lp:.3f}" if lp else ""
+                lines.append(f"malletrain / {k}: useful {mine[0] / u:.3f}{lost_ratio}")
     if "bound" in means and "bftrainer" in means and means["bftrainer"][0]:
         lines.append(f"bound / bftrainer: {means['bound'][0] / means['bftrainer'][0]:.3f} (the most any "
                      "policy could gain over bftrainer here, to within the greedy bound's slack)")
