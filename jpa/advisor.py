@@ -46,6 +46,16 @@ def probe_counts(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:
     return tuple(counts[:k])
 
 
+def probe_ladder(min_nodes: int, max_nodes: int, k: int = 3) -> tuple[int, ...]:
+    """Every count a job without data may probe at: :func:`probe_counts` (up from
+    ``min_nodes``, where nodes are scarce) and ``max_nodes``, ``max_nodes // 2``, …
+    (``k`` counts down from the top, where nodes are plentiful), ascending.  Any three
+    of them make a fit; :func:`malletrain.core.decide.decide` picks by the nodes there are."""
+    lo, hi = max(1, min_nodes), max(1, max_nodes)
+    top = {hi // (2 ** i) for i in range(k)}
+    return tuple(sorted(set(probe_counts(lo, hi, k)) | {n for n in top if lo <= n <= hi}))
+
+
 def beyond_probe(min_nodes: int, max_nodes: int, known: Iterable[int]) -> int | None:
     """The count a job that borrows its profile's shape probes first: twice the largest count
     measured so far (by the profile or by the job), when the job may run there.  The shape
@@ -272,6 +282,7 @@ class Advisor:
         prof = self._profile.get(job_id, "")
         measured = self.measured(job_id)
         probe = None
+        probes: tuple[int, ...] = ()
         fit = None
         source = "fit"
         anchors: dict[int, float] = dict(measured)
@@ -290,10 +301,13 @@ class Advisor:
             wanted = [n for n in probe_counts(min_nodes, max_nodes, self.max_probes)
                       if n not in measured]
             probe = wanted[0] if wanted else None
+            if probe is not None:
+                probes = tuple(n for n in probe_ladder(min_nodes, max_nodes, self.max_probes)
+                               if n not in measured)
             if measured:
                 fit, source = self.own_fit(job_id), "partial-fit"
         if fit is None:
-            return Curve(points={}, probe=probe, source="no-data")
+            return Curve(points={}, probe=probe, source="no-data", probes=probes)
         predict = anchored(fit, anchors)
         near = list(measured) or list(anchors) or list(fit.counts)
         points = {}
@@ -304,4 +318,5 @@ class Advisor:
             mean = predict(n)
             r = mean / mean_fit if mean_fit > 0 else 1.0
             points[n] = CurvePoint(mean, low * r, high * r)
-        return Curve(points=points, probe=probe, source=source)
+        return Curve(points=points, probe=probe, source=source, probes=probes,
+                     measured=tuple(sorted(measured)))

@@ -99,6 +99,13 @@ class FakeSlurm:
             self.jobs[rest[0]].update(reason="None")
         return ""
 
+    def end(self, jid, state):
+        """The job ends (``FAILED``, ``COMPLETED``…): like Slurm, its nodes are idle again."""
+        j = self.jobs[jid]
+        for n in j["nodes"]:
+            self.nodes[n] = "idle"
+        j.update(state=state, nodes=())
+
     def run_pending(self):   # Slurm starts released jobs on their requested nodes
         import hostlist
         for j in self.jobs.values():

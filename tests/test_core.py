@@ -64,6 +64,54 @@ def test_probing_comes_first_for_the_malletrain_policy():
     assert "probe at 1" in next(a.reason for a in p.actions if a.job_id == "b")
 
 
+def test_a_job_alone_on_plentiful_nodes_probes_near_its_top_and_crowded_jobs_at_their_bottom():
+    no_data = Curve({}, probe=1, source="no-data", probes=(1, 2, 4, 8, 16))
+    p = decide(snap(32, [js("a", hi=16)]), {"a": no_data}, CoreConfig())
+    assert len(p.allocations["a"]) == 16
+    assert "probe at 16" in p.actions[0].reason
+    # eight jobs share 16 nodes: a share of 2 each
+    jobs = [js(f"j{i}", hi=16) for i in range(8)]
+    p = decide(snap(16, jobs), {j.job_id: no_data for j in jobs}, CoreConfig(probes_per_owner=0))
+    assert [len(p.allocations[j.job_id]) for j in jobs] == [2] * 8
+    # a share below every wanted count: the smallest, as long as nodes last
+    jobs = [js(f"j{i}", lo=2, hi=16) for i in range(8)]
+    two = Curve({}, probe=2, source="no-data", probes=(2, 4, 8, 16))
+    p = decide(snap(6, jobs), {j.job_id: two for j in jobs}, CoreConfig(probes_per_owner=0))
+    assert sorted(len(p.allocations.get(j.job_id, ())) for j in jobs) == [0] * 5 + [2] * 3
+
+
+def test_a_job_that_measured_a_count_its_share_reaches_is_not_forced_to_probe_lower():
+    measured_top = Curve({n: CurvePoint(50.0 * n, 45.0 * n, 55.0 * n) for n in range(1, 17)}, probe=1,
+                         source="partial-fit", probes=(1, 2, 4, 8), measured=(16,))
+    p = decide(snap(32, [js("a", hi=16)]), {"a": measured_top}, CoreConfig())
+    assert len(p.allocations["a"]) == 16 and p.actions[0].code.value != "probe"
+    # where its share shrinks below what it measured, it probes there
+    p = decide(snap(32, [js("a", hi=16), js("b", hi=16), js("c", hi=16)]),
+               {"a": measured_top, "b": curve(LINEAR), "c": curve(LINEAR)}, CoreConfig())
+    assert len(p.allocations["a"]) == 8 and "probe at 8" in p.actions[0].reason
+    # a job running at a wanted count is measuring there: pinned
+    held = [f"n{i}" for i in range(8)]
+    p = decide(snap(32, [js("a", hi=16, held=held, changed=900.0)]), {"a": measured_top}, CoreConfig())
+    assert p.allocations["a"] == tuple(held) and "measuring" in p.actions[0].reason
+
+
+def test_a_probe_at_a_top_count_that_yields_nothing_is_withdrawn_too():
+    from malletrain.core.curves import CurveSource
+    src = CurveSource(CoreConfig(probe_timeout_s=100))
+    nodes = tuple(Node(f"n{i}") for i in range(16))
+    job = lambda held, changed: js("a", lo=2, hi=16, held=held, changed=changed)
+    s = Snapshot(0.0, nodes, (job((), None),))
+    p = decide(s, src.curves(s), CoreConfig(probe_timeout_s=100))
+    top = p.allocations["a"]
+    assert len(top) == 16
+    s = Snapshot(99.0, nodes, (job(top, 0.0),))
+    assert src.curves(s)["a"].probes and decide(s, src.curves(s), CoreConfig()).allocations["a"] == top
+    s = Snapshot(100.0, nodes, (job(top, 0.0),))
+    c = src.curves(s)["a"]
+    assert c.probe is None and c.probes == () and c.source == "probe-timeout"
+    assert src.probe_misses("a") == 1
+
+
 def test_static_is_fifo_at_fixed_size():
     s = snap(10, [js("a", hi=6), js("b", hi=6), js("c", hi=2)])
     p = decide(s, {}, CoreConfig(policy="static"))

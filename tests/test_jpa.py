@@ -232,3 +232,27 @@ def test_beyond_probe_doubles_the_largest_measured_count_within_the_range():
     assert beyond_probe(2, 7, [2, 3, 4]) is None                           # 8 > max_nodes
     assert beyond_probe(16, 64, [1, 2]) is None                            # 4 < min_nodes
     assert beyond_probe(1, 16, []) is None
+
+
+def test_probe_ladder_adds_the_top_counts_to_the_bottom_ones():
+    from malletrain.jpa.advisor import probe_ladder
+    assert probe_ladder(2, 16) == (2, 4, 8, 16)
+    assert probe_ladder(1, 16) == (1, 2, 4, 8, 16)
+    assert probe_ladder(1, 64) == (1, 2, 4, 16, 32, 64)
+    assert probe_ladder(4, 4) == (4,)
+    assert probe_ladder(2, 4) == (2, 3, 4)
+    assert probe_ladder(5, 12) == (5, 6, 8, 12)      # 5, 8, 12 up; 12, 6 down (3 < min_nodes)
+
+
+def test_a_curve_without_a_fit_lists_every_count_it_would_probe_and_what_is_measured():
+    adv = Advisor()
+    c = adv.curve("j", 2, 16, [2, 4, 8, 16])
+    assert c.probe == 2 and c.probes == (2, 4, 8, 16) and c.measured == ()
+    feed(adv, "j", 16, [800.0] * 4)
+    c = adv.curve("j", 2, 16, [2, 4, 8, 16])
+    assert c.probe == 2 and c.probes == (2, 4, 8) and c.measured == (16,)
+    assert c.source == "partial-fit" and c.points[16].mean == pytest.approx(800.0)
+    t = feed(adv, "j", 8, [500.0] * 4, 10.0)
+    feed(adv, "j", 4, [300.0] * 4, t)
+    c = adv.curve("j", 2, 16, [2, 4, 8, 16])
+    assert c.probe is None and c.probes == () and c.measured == (4, 8, 16)

@@ -123,8 +123,8 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
         assert {j: fake.jobs[j]["state"] for j in ("7", "8")} == {"7": "RUNNING", "8": "RUNNING"}
         (metrics / "8.jsonl").write_text('{"t": 1, "event": "start", "job": "8"}\n'
                                          '{"t": 2, "event": "exit", "reason": "done", "job": "8"}\n')
-        fake.jobs["7"].update(state="FAILED", nodes=())            # crashed: no final record
-        fake.jobs["8"].update(state="COMPLETED", nodes=())          # finished: its "done" record
+        fake.end("7", "FAILED")            # crashed: no final record
+        fake.end("8", "COMPLETED")          # finished: its "done" record
         fake.calls.clear()
         clock["t"] += 2
         d.cycle_once()
@@ -135,7 +135,7 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
             d.cycle_once()
             fake.run_pending()
         assert fake.jobs["7"]["state"] == "RUNNING"
-        fake.jobs["7"].update(state="FAILED", nodes=())              # and once more
+        fake.end("7", "FAILED")              # and once more
         for _ in range(2):
             clock["t"] += 2
             d.cycle_once()
@@ -210,7 +210,7 @@ def test_many_jobs_leaving_at_once_are_all_read_over_several_cycles(tmp_path, mo
             clock["t"] += 2
         assert all(fake.jobs[j]["state"] == "RUNNING" for j in ("11", "12", "13"))
         for j in ("11", "12", "13"):
-            fake.jobs[j].update(state="FAILED", nodes=())
+            fake.end(j, "FAILED")
         fake.nodes = {n: "idle" for n in fake.nodes}
         for _ in range(6):
             clock["t"] += 2

@@ -85,12 +85,13 @@ class CurveSource:
             self._probes.pop(job.job_id, None)
             return curve
         w = self._probes.get(job.job_id)
-        if w is None or w.count != curve.probe:
-            w = ProbeWatch(curve.probe)
+        at = job.size if job.nodes and job.size in curve.wanted else curve.probe
+        if w is None or (w.count != at and now_s >= w.retry_at_s):
+            w = ProbeWatch(at)
         if now_s < w.retry_at_s:
             self._probes[job.job_id] = w
             return self._without_probe(job.job_id, curve)
-        if job.nodes and job.size == curve.probe:
+        if job.nodes and job.size == w.count:
             # from the launch, plus its rescale pause but at most one more timeout: a tag's long
             # pause cannot stretch a probe that never answers
             start = job.last_change_s if job.last_change_s is not None else now_s
@@ -106,7 +107,7 @@ class CurveSource:
     def _without_probe(self, job_id: str, curve: Curve) -> Curve:
         hit = self._quiet.get(job_id)       # one object per curve: the cycle memo compares identity
         if hit is None or hit[0] is not curve:
-            hit = (curve, replace(curve, probe=None, source="probe-timeout"))
+            hit = (curve, replace(curve, probe=None, probes=(), source="probe-timeout"))
             self._quiet[job_id] = hit
         return hit[1]
 

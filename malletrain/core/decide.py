@@ -82,7 +82,7 @@ def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreCo
             and now_s - job.last_change_s < cfg.min_dwell_s):
         return (ReasonCode.MIN_DWELL, f"keep {job.size}: changed {now_s - job.last_change_s:.0f}s ago "
                                       f"(< min_dwell_s {cfg.min_dwell_s:g})")
-    if cfg.policy == "malletrain" and curve is not None and curve.probe == job.size:
+    if cfg.policy == "malletrain" and curve is not None and job.size in curve.wanted:
         return ReasonCode.MEASURING, f"keep {job.size}: JPA is measuring throughput at {job.size} nodes"
     return None
 
@@ -115,18 +115,23 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
 
     if config.policy == "malletrain":
         probing = Counter(_owner(j) for j in jobs if j.nodes and j.job_id in targets
-                          and (c := curves.get(j.job_id)) is not None and c.probe == j.size)
+                          and (c := curves.get(j.job_id)) is not None and j.size in c.wanted)
         limit = config.probes_per_owner
         granted: set[str] = set()
         held: Counter = Counter()
         for j in jobs:
             held[_owner(j)] += j.size
+        top_total = sum(max(1, j.spec.max_nodes) for j in free_jobs)
+        room_cap = dict(cap)
         for j in _round_robin(free_jobs, held):
             c = curves.get(j.job_id)
-            p = c.probe if c is not None else None
-            if c is None or p is None:
+            if c is None or c.probe is None:
                 continue
             t = j.node_type or _best_type(cap)
+            p = _probe_size(j, c, room_cap.get(t, 0) if t is not None else 0, top_total) \
+                if t is not None else c.probe
+            if p is None:
+                continue
             if limit and probing[_owner(j)] >= limit:
                 if not c.points:
                     targets[j.job_id] = (None, 0)
@@ -180,6 +185,23 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
+
+
+def _probe_size(job: JobState, curve: Curve, capacity: int, top_total: int) -> int | None:
+    """Where a job that wants a measurement probes: the largest wanted count within its share
+    of the nodes (``capacity`` split in proportion to the ``max_nodes`` of the jobs being
+    sized), so a job alone on many free nodes measures near its top instead of idling them at
+    its bottom; ``curve.probe`` (the smallest) where the share reaches no wanted count.  None
+    (no probe: the allocator sizes it on its partial fit) where the job has measured a count
+    at least as large as the one it would probe, within its share: it runs where it knows."""
+    share = capacity * max(1, job.spec.max_nodes) // max(1, top_total)
+    fits = [n for n in curve.wanted if n <= share]
+    if not fits:
+        return curve.probe
+    p = max(fits)
+    if any(p < m <= share for m in curve.measured):
+        return None
+    return p
 
 
 def _owner(job: JobState) -> str:

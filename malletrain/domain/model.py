@@ -225,13 +225,26 @@ class Curve:
     """Predicted throughput (samples/s) per candidate node count.
 
     ``probe`` is set while the JPA still needs a measurement: the count the
-    job should run at next.  ``source`` says where the numbers came from
-    (``fit``, ``profile-prior``, ``oracle``…) and is quoted in reasons.
+    job should run at next when nodes are scarce.  ``probes`` (ascending, ``probe``
+    among them) are all the counts a measurement is wanted at and ``measured`` the
+    counts measured already: where nodes are plentiful the decision probes at the
+    largest wanted count the job's share reaches (``core.decide``).  ``source`` says
+    where the numbers came from (``fit``, ``profile-prior``, ``oracle``…) and is
+    quoted in reasons.
     """
 
     points: Mapping[int, CurvePoint]
     probe: int | None = None
     source: str = "fit"
+    probes: tuple[int, ...] = ()
+    measured: tuple[int, ...] = ()
+
+    @property
+    def wanted(self) -> tuple[int, ...]:
+        """The counts a probe may be run at (``probes``, or just ``probe``)."""
+        if self.probes:
+            return self.probes
+        return (self.probe,) if self.probe is not None else ()
 
     def mean(self, n: float) -> float:
         """Throughput at ``n`` nodes (a fractional count interpolates: an expected node count)."""
