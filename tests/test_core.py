@@ -80,6 +80,20 @@ def test_a_job_alone_on_plentiful_nodes_probes_near_its_top_and_crowded_jobs_at_
     assert sorted(len(p.allocations.get(j.job_id, ())) for j in jobs) == [0] * 5 + [2] * 3
 
 
+def test_one_owners_probes_take_at_most_its_fair_part_of_the_nodes():
+    # Mallory's three jobs and Alice's one all ask for 16 of 16 nodes: split by max_nodes alone
+    # Mallory's would take 12; her part is capped at the max-min fair 8, a third each
+    no_data = Curve({}, probe=1, source="no-data", probes=(1, 2, 4, 8, 16))
+    jobs = [_owned(f"m{i}", "mallory", hi=16) for i in range(3)] + [_owned("a", "alice", hi=16)]
+    p = decide(snap(16, jobs), {j.job_id: no_data for j in jobs}, CoreConfig(probes_per_owner=0))
+    assert [len(p.allocations[f"m{i}"]) for i in range(3)] == [2, 2, 2]
+    assert len(p.allocations["a"]) == 4
+    # one job per owner: the split by max_nodes (the fair part is no tighter)
+    jobs = [_owned("m0", "mallory", hi=16), _owned("a", "alice", hi=4)]
+    p = decide(snap(16, jobs), {j.job_id: no_data for j in jobs}, CoreConfig(probes_per_owner=0))
+    assert len(p.allocations["a"]) == 2 and len(p.allocations["m0"]) == 8     # shares 3.2 and 12.8
+
+
 def test_a_job_that_measured_a_count_its_share_reaches_is_not_forced_to_probe_lower():
     measured_top = Curve({n: CurvePoint(50.0 * n, 45.0 * n, 55.0 * n) for n in range(1, 17)}, probe=1,
                          source="partial-fit", probes=(1, 2, 4, 8), measured=(16,))

