@@ -265,6 +265,34 @@ def test_a_probe_that_yields_nothing_is_withdrawn_with_a_doubling_backoff():
     assert src2.curves(s)["m"].probe == 1
 
 
+def test_a_job_that_never_reports_backs_off_ever_longer_wherever_it_is_probed():
+    # probed at its top count (alone on the nodes), then at its bottom one after a miss: the
+    # misses add up (the watch follows what the JPA measured, not the count probed at)
+    from malletrain.core.curves import CurveSource
+    cfg = CoreConfig(probe_timeout_s=100)
+    src = CurveSource(cfg)
+    nodes = tuple(Node(f"n{i}") for i in range(16))
+    held, changed, holding = (), None, 0
+    for step in range(400):                       # 20,000 s, a decision every 50 s
+        now = step * 50.0
+        job = JobState(JobSpec("m", 1, 16, owner="mallory"), held, "gpu" if held else None, 0.0, changed)
+        s = Snapshot(now, nodes, (job,))
+        got = decide(s, src.curves(s), cfg).allocations.get("m", ())
+        if tuple(got) != tuple(held):
+            held, changed = tuple(got), now
+        holding += bool(held)
+    assert src.probe_misses("m") >= 5
+    assert holding / 400 < 0.15, holding
+
+
+def test_jobs_measuring_at_wanted_counts_are_kept_there_within_probes_per_owner_only():
+    wanted = Curve({n: CurvePoint(10.0 * n, 9.0 * n, 11.0 * n) for n in range(1, 5)}, probe=1,
+                   source="partial-fit", probes=(1, 2, 4), measured=(3,))
+    jobs = [_owned(f"m{i}", "mallory", held=[f"n{2 * i}", f"n{2 * i + 1}"], changed=990.0) for i in range(3)]
+    p = decide(snap(6, jobs), {j.job_id: wanted for j in jobs}, CoreConfig(probes_per_owner=2))
+    assert [a.code.value == "measuring" for a in p.actions] == [True, True, False]
+
+
 def test_a_probe_in_its_rescale_pause_counts_against_its_owner():
     jobs = [_owned("m0", "mallory", held=["n0"], changed=990.0, paused=1010.0),
             _owned("m1", "mallory", held=["n1"], changed=990.0, paused=1010.0),

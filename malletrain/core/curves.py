@@ -9,16 +9,19 @@
 Curves are cached per job and rebuilt only when the job's data changed.
 
 Probes that yield nothing (malletrain policy).  A job whose curve asks for a
-probe is run at that count first and kept there while the JPA measures.  A job
-that sits at its probe count for ``probe_timeout_s`` (counted from the end of
+probe is run at one of the counts it wants measured (``Curve.wanted``) and kept
+there while the JPA measures.  A job that sits at a wanted count for
+``probe_timeout_s`` (counted from the end of
 its rescale pause, a pause counting for at most one more ``probe_timeout_s``)
 without a measurement there — it never reports, its progress file is refused,
 it hangs in start-up — gets no probe for a back-off
 that doubles with each miss (``probe_timeout_s`` × 2^(misses-1), at most 16×):
 its curve then has ``probe=None`` and ``source="probe-timeout"``, so it is
 neither pinned nor preferred, and competes with what it has measured (nothing
-yet: no claim on nodes others want).  The miss count resets when the JPA's
-probe moves on.  Time comes from the snapshot: the source stays pure.
+yet: no claim on nodes others want).  The miss count resets only when the JPA
+measures something (its probe or measured counts change), not when the job is
+probed at another wanted count: a job that never reports backs off ever longer.
+Time comes from the snapshot: the source stays pure.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ MAX_PROBE_BACKOFF = 16     # x probe_timeout_s
 class ProbeWatch:
     """One job's unanswered probes: at which count, how often, when to try again."""
 
-    count: int
+    key: tuple          # the JPA's state it watches: (probe, measured counts); a measurement resets it
     misses: int = 0
     retry_at_s: float = 0.0
 
@@ -85,13 +88,13 @@ class CurveSource:
             self._probes.pop(job.job_id, None)
             return curve
         w = self._probes.get(job.job_id)
-        at = job.size if job.nodes and job.size in curve.wanted else curve.probe
-        if w is None or (w.count != at and now_s >= w.retry_at_s):
-            w = ProbeWatch(at)
+        key = (curve.probe, curve.measured)
+        if w is None or w.key != key:
+            w = ProbeWatch(key)
         if now_s < w.retry_at_s:
             self._probes[job.job_id] = w
             return self._without_probe(job.job_id, curve)
-        if job.nodes and job.size == w.count:
+        if job.nodes and job.size in curve.wanted:
             # from the launch, plus its rescale pause but at most one more timeout: a tag's long
             # pause cannot stretch a probe that never answers
             start = job.last_change_s if job.last_change_s is not None else now_s
@@ -99,7 +102,7 @@ class CurveSource:
             if now_s - since >= timeout:
                 misses = w.misses + 1
                 backoff = timeout * min(MAX_PROBE_BACKOFF, 2 ** (misses - 1))
-                self._probes[job.job_id] = ProbeWatch(w.count, misses, now_s + backoff)
+                self._probes[job.job_id] = ProbeWatch(key, misses, now_s + backoff)
                 return self._without_probe(job.job_id, curve)
         self._probes[job.job_id] = w
         return curve

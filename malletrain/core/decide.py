@@ -103,20 +103,33 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     jobs = [JobState(j.spec, held_now[j.job_id], j.node_type, j.paused_until_s, j.last_change_s)
             for j in live]
 
-    free_jobs: list[JobState] = []
+    def pin(j: JobState, r: Reason) -> None:
+        targets[j.job_id] = (j.node_type or _type_of(j, pool), j.size)
+        reasons[j.job_id] = r
+        cap[targets[j.job_id][0]] -= j.size
+
+    measuring: list[tuple[JobState, Reason]] = []
     for j in jobs:
         r = _pinned_reason(j, curves.get(j.job_id), now, config)
         if r and j.size >= j.spec.min_nodes:
-            targets[j.job_id] = (j.node_type or _type_of(j, pool), j.size)
-            reasons[j.job_id] = r
-            cap[targets[j.job_id][0]] -= j.size
-        else:
-            free_jobs.append(j)
+            if r[0] is ReasonCode.MEASURING:
+                measuring.append((j, r))
+            else:
+                pin(j, r)
+    # a job measuring at a wanted count is kept there only within its owner's probes_per_owner
+    # (jobs in a rescale pause at a wanted count count first: they cannot be moved)
+    limit = config.probes_per_owner
+    at_probe = Counter(_owner(j) for j in jobs if j.job_id in targets
+                       and (c := curves.get(j.job_id)) is not None and j.size in c.wanted)
+    for j, r in measuring:
+        if not limit or at_probe[_owner(j)] < limit:
+            at_probe[_owner(j)] += 1
+            pin(j, r)
+    free_jobs = [j for j in jobs if j.job_id not in targets]
 
     if config.policy == "malletrain":
         probing = Counter(_owner(j) for j in jobs if j.nodes and j.job_id in targets
                           and (c := curves.get(j.job_id)) is not None and j.size in c.wanted)
-        limit = config.probes_per_owner
         granted: set[str] = set()
         held: Counter = Counter()
         for j in jobs:
