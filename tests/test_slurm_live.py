@@ -450,6 +450,16 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
             return any(r["event"] == "progress" and r["step"] >= 150
                        for r in metrics_records(tmp_path, job))
         wait_until(progressed, 180, "the trial to train 150 steps")
+        # alone on 4 idle nodes it runs on all 4; a primary job taking half of them makes it
+        # resume on the other two (another world size), one taking all four preempts it outright
+        half = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "2", "-o", "/dev/null",
+                          "--wrap", "sleep 300").strip()
+
+        def resumed_smaller():
+            starts = [r["world"] for r in metrics_records(tmp_path, job) if r["event"] == "start"]
+            return len(starts) >= 2 and starts[-1] < max(starts)
+        wait_until(resumed_smaller, 180, "the trial to resume on fewer nodes beside a primary job")
+        cluster.sh("scancel", half)
         prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "4", "-o", "/dev/null",
                           "--wrap", "sleep 5").strip()
         wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 90,
