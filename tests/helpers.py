@@ -73,10 +73,8 @@ class FakeSlurm:
         elif cmd == "scontrol":
             out = self._scontrol(argv[1:])
         elif cmd == "scancel":
-            j = self.jobs[argv[1]]
-            for n in j["nodes"]:
-                self.nodes[n] = "idle"
-            j.update(state="CANCELLED", reason="None", nodes=())
+            self.end(argv[1], "CANCELLED")
+            self.jobs[argv[1]]["reason"] = "None"
             out = ""
         else:
             raise AssertionError(argv)

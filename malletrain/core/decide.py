@@ -128,8 +128,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     free_jobs = [j for j in jobs if j.job_id not in targets]
 
     if config.policy == "malletrain":
-        probing = Counter(_owner(j) for j in jobs if j.nodes and j.job_id in targets
-                          and (c := curves.get(j.job_id)) is not None and j.size in c.wanted)
+        probing = at_probe          # every pinned job holds nodes: those at a wanted count, per owner
         granted: set[str] = set()
         held: Counter = Counter()
         for j in jobs:
