@@ -23,12 +23,12 @@ run replay-theta     python -m devtools bench replay --data "$DATA" --trace "$DA
 # Quality: two real traces, one workload each, every policy.
 python -m devtools example --data "$DATA" --out "$RES/philly"
 run quality-philly   malletrain bench quality --trace "$RES/philly/philly-1day.csv.gz" \
-    --workload "$RES/philly/workload-pollux.yaml" --max-jobs 10 --policies malletrain,bftrainer-guess,bftrainer,oracle --plain --bound --seeds 5
+    --workload "$RES/philly/workload-pollux.yaml" --max-jobs 10 --policies malletrain,bftrainer-guess,bftrainer,oracle --plain --bound --clairvoyant --seeds 5
 python - "$DATA" "$RES/theta-workload.yaml" <<'PY'
 import sys
 from devtools.datasets import make_workload, write_workload
 write_workload(make_workload(sys.argv[1], 30, 36 * 3600, seed=11, work_node_hours=(5, 40)), sys.argv[2])
 PY
 run quality-theta    malletrain bench quality --trace "$DATA/traces/theta_2022.swf" \
-    --workload "$RES/theta-workload.yaml" --nodes 128 --max-jobs 10 --policies malletrain,bftrainer-guess,bftrainer,oracle --plain --bound --seeds 5 \
+    --workload "$RES/theta-workload.yaml" --nodes 128 --max-jobs 10 --policies malletrain,bftrainer-guess,bftrainer,oracle --plain --bound --clairvoyant --seeds 5 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z

@@ -8,7 +8,10 @@
   change output formats), ``LC_ALL=C`` and ``SLURM_TIME_FORMAT=%s`` (epoch
   seconds) are set, ``SLURM_CONF`` is passed when configured;
 * read commands are retried with jittered exponential backoff; write
-  commands are not (their callers decide what is safe to repeat);
+  commands are not (their callers decide what is safe to repeat); once the
+  ``stop`` event is set (the daemon was told to stop) a failed read is not
+  retried and a backoff wait ends at once, so SIGTERM during a controller
+  outage stops the daemon within one command timeout, not after every retry;
 * a failure raises :class:`SlurmCommandError` carrying argv, rc and stderr;
 * every call is counted and timed (read/write, latency) for the cycle's
   benchmark and the Prometheus metrics; every write is logged (``command``
@@ -20,6 +23,7 @@ import logging
 import os
 import random
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,12 +82,13 @@ class Runner:
                  timeout_s: float = 10.0,
                  retries: int = 3, backoff_s: float = 0.5,
                  exec_fn: Callable[..., subprocess.CompletedProcess] | None = None,
-                 sleep: Callable[[float], None] = time.sleep,
+                 sleep: Callable[[float], object] | None = None,
                  rng: random.Random | None = None) -> None:
         self.env = clean_env(os.environ, slurm_conf)
         self.bin_dir = bin_dir or None
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._exec = exec_fn or subprocess.run
+        self.stop = threading.Event()     # set: no more retries (the owner shares its own event)
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.stats = CommandStats()
@@ -93,9 +98,16 @@ class Runner:
         last: SlurmCommandError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
+                if self.stop.is_set():
+                    break
                 delay = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + self._rng.random())
                 log.warning("retrying %s in %.1fs (attempt %d): %s", argv[0], delay, attempt + 1, last)
-                self._sleep(delay)
+                if self._sleep is None:
+                    self.stop.wait(delay)       # ends early when the daemon is told to stop
+                else:
+                    self._sleep(delay)
+                if self.stop.is_set():
+                    break
             try:
                 return self._once(argv, timeout_s, "read")
             except SlurmCommandError as exc:

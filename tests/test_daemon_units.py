@@ -2,6 +2,7 @@
 the advisor seeded from the store, reason codes on every action."""
 import json
 import os
+import subprocess
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.loop import Daemon
@@ -151,6 +152,36 @@ def test_a_bad_reload_keeps_the_running_config(tmp_path):
             d._do_reload()
             assert d.config.daemon.interval_s == 2 and d.config.daemon.vacate_lead_s == 60
         assert d.metrics.reload_failures._value.get() == 6
+    finally:
+        d.store.close()
+
+
+def test_sigterm_during_an_outage_ends_the_cycle_without_retrying_reads(tmp_path):
+    """Told to stop while slurmctld does not answer, the cycle's reads fail once each instead of
+    retrying with backoff (systemd would otherwise SIGKILL it at TimeoutStopSec); SIGHUP does not."""
+    import signal
+
+    from malletrain.slurm.runner import Runner
+    calls = []
+
+    def down(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "Unable to contact slurm controller")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"daemon: {{state_dir: {tmp_path / 'state'}, metrics_port: 0}}\n")
+    sleeps = []
+    d = Daemon(str(cfg), runner=Runner(exec_fn=down, sleep=sleeps.append, retries=3))
+    try:
+        d._signal(signal.SIGHUP, None)
+        assert not d.runner.stop.is_set()
+        d.cycle_once()
+        assert sleeps and len(calls) > len(sleeps)            # retried while running
+        calls.clear()
+        sleeps.clear()
+        d._signal(signal.SIGTERM, None)
+        d.cycle_once()
+        assert calls and not sleeps and d._stop                 # each read tried once, no backoff
+        assert d.slurm_down_since is not None
     finally:
         d.store.close()
 

@@ -120,11 +120,12 @@ def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
     write_workload(doc, str(tmp_path / "w.yaml"))
     write_events(philly_events(data_dir, "2017-10-10T00:00:00Z", 0.5), str(tmp_path / "p.csv"))
     assert main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
-                 str(tmp_path / "w.yaml"), "--policies", "malletrain,oracle,static", "--bound", "--json"]) == 0
+                 str(tmp_path / "w.yaml"), "--policies", "malletrain,oracle,static", "--bound", "--clairvoyant",
+                 "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["label"] for r in rows] == ["malletrain", "oracle", "static", "bound"]
-    assert [r["policy"] for r in rows] == ["malletrain", "oracle", "static", "oracle"]
-    bound, oracle = rows[3], rows[1]
+    assert [r["label"] for r in rows] == ["malletrain", "oracle", "static", "bound", "clairvoyant"]
+    assert [r["policy"] for r in rows] == ["malletrain", "oracle", "static", "oracle", "oracle"]
+    bound, oracle, seer = rows[3], rows[1], rows[4]
     assert main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
                  str(tmp_path / "w.yaml"), "--policies", "malletrain,static", "--plain", "--seeds", "2",
                  "--json"]) == 0
@@ -140,6 +141,10 @@ def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
     assert bound["lost_samples"] == 0 and bound["rescale_pause_samples"] == 0
     assert oracle["lost_samples"] + oracle["rescale_pause_samples"] > 0
     assert bound["useful_samples"] >= oracle["useful_samples"]
+    # the clairvoyant row knows the windows but pays the workload's true pauses
+    assert seer["window_oracle"] and seer["rescale_guess"] is None
+    assert seer["lost_samples"] + seer["rescale_pause_samples"] > 0
+    assert bound["useful_samples"] >= seer["useful_samples"]
 
 
 def test_scale_bench_reads_sdiag_and_renders_its_table():

@@ -211,6 +211,28 @@ def test_runner_retries_reads_with_backoff_then_raises():
     assert err.value.timed_out and err.value.argv == ["sinfo"] and "timed out" in str(err.value)
 
 
+def test_runner_stops_retrying_once_told_to_stop():
+    """SIGTERM during a controller outage: the read in flight fails and is not retried, and a
+    backoff wait in progress ends at once (the default sleep waits on the stop event)."""
+    import threading
+    import time
+    down = (1, "", "Unable to contact slurm controller")
+    sleeps = []
+    fake = FakeExec([down] * 4)
+    r = Runner(exec_fn=fake, sleep=sleeps.append, retries=3)
+    r.stop.set()
+    with pytest.raises(SlurmCommandError):
+        r.read(["squeue"])
+    assert len(fake.calls) == 1 and sleeps == []
+    fake = FakeExec([down] * 2)
+    r = Runner(exec_fn=fake, retries=1, backoff_s=3600.0)      # an hour's backoff, cut short
+    threading.Timer(0.2, r.stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(SlurmCommandError):
+        r.read(["squeue"])
+    assert len(fake.calls) == 1 and time.monotonic() - t0 < 60
+
+
 def test_runner_never_retries_writes():
     fake = FakeExec([(1, "", "Invalid job id specified")])
     r = Runner(exec_fn=fake, sleep=lambda s: None, retries=3)

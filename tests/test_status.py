@@ -21,7 +21,7 @@ def sample_status():
     change = Change(1.0, 3, "grow", "n1", "n1,n2", "grow 1→2: …", "gain")
     job = JobStatus("17", "lr-0.1", "alice", "running", "RUNNING", "None", ("n1", "n2"), 2, 1, 4, "resnet",
                     Measured(2, 180.5, 1.5), 181.0, "fit", {"1": 95.0, "2": 181.0}, None,
-                    "grow 1→2: …", "gain", change, (change,))
+                    "grow 1→2: …", "gain", change, (change,), probes=(4,))
     return DaemonStatus(2.0, 3, True, 10.0, "scavenger", 0, ("n3",), Counters(starts=1, rescales=1),
                         CycleStats(2, 3, 0.5, 1.2, False), (job,))
 
@@ -33,6 +33,25 @@ def test_round_trip(tmp_path):
     doc = json.loads((tmp_path / "status.json").read_text())
     assert doc["schema_version"] == SCHEMA_VERSION and doc["jobs"][0]["reason_code"] == "gain"
     assert st.job("17").measured.samples_per_s == 180.5 and st.job("18") is None
+
+
+def test_explain_lists_every_count_still_to_measure(tmp_path, capsys):
+    """A cycle probes at the largest wanted count the job's share reaches, so explain names them all
+    (not only the smallest); a status written before ``probes`` existed still reads, from ``probe``."""
+    import dataclasses
+
+    from malletrain.cli.main import main
+    st = sample_status()
+    job = dataclasses.replace(st.jobs[0], probe=2, probes=(2, 4, 8))
+    write_status(str(tmp_path / "status.json"), dataclasses.replace(st, jobs=(job,)))
+    assert main(["explain", "17", "--state-dir", str(tmp_path)]) == 0
+    assert "still to measure at 2, 4, 8 node(s)" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "status.json").read_text())
+    del doc["jobs"][0]["probes"]
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    assert read_status(str(tmp_path / "status.json")).jobs[0].probes == ()
+    assert main(["explain", "17", "--state-dir", str(tmp_path)]) == 0
+    assert "still to measure at 2 node(s)" in capsys.readouterr().out
 
 
 def test_missing_malformed_or_other_schema_is_an_input_error(tmp_path):

@@ -10,6 +10,11 @@ each idle node's true next busy time handed to it (``window_oracle``) and a hori
 interval.  It knows everything and pays nothing for a change: the headroom any policy has over
 the others on this trace.  It is a reference, not a proof: it is still a sequence of greedy
 decisions, so a clairvoyant schedule over the whole trace could do a little better.
+
+With ``clairvoyant``, one more row: the ``oracle`` policy told each idle node's true next busy
+time (``window_oracle``) and the workload's true pauses, which it pays as every other policy
+does.  It knows the curves, the pauses and the future of every node, so it is what no learning
+from the past can beat by much: the reference for targets on useful work and on lost+pause.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
                   nodes: int | None = None, start: float | None = None, end: float | None = None,
                   max_jobs: int | None = None, noise: float = 0.05, interval_s: float = 30.0,
                   progress: bool = True, core: dict | None = None, bound: bool = False,
-                  plain: bool = False, seeds: int = 1) -> Report:
+                  plain: bool = False, seeds: int = 1, clairvoyant: bool = False) -> Report:
     """Every policy on one trace and workload (same seeds and noise).  ``lost+pause``: samples
     lost to preemptions plus those lost to rescale pauses (at the old rate).  With ``seeds`` > 1
     every row is the mean over seeds 0..seeds-1 (± the standard deviation): one seed's
@@ -48,6 +53,8 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
                      {**(core or {}), "learn_rescale": False, "availability": False, "variability": False}, None))
     if bound:
         runs.append(("bound", "oracle", free, True, {**(core or {}), "horizon_s": interval_s}, None))
+    if clairvoyant:
+        runs.append(("clairvoyant", "oracle", workload, True, core or {}, None))
     rows, lines, means = [], [], {}
     for label, policy, jobs, oracle_windows, knobs, told in runs:
         got = []
@@ -81,6 +88,9 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
     if "bound" in means and "bftrainer" in means and means["bftrainer"][0]:
         lines.append(f"bound / bftrainer: {means['bound'][0] / means['bftrainer'][0]:.3f} (the most any "
                      "policy could gain over bftrainer here, to within the greedy bound's slack)")
+    if "clairvoyant" in means and "bftrainer" in means and means["bftrainer"][0]:
+        lines.append(f"clairvoyant / bftrainer: {means['clairvoyant'][0] / means['bftrainer'][0]:.3f} (knowing "
+                     "every node's future, paying the true pauses)")
     return Report({"trace": trace_path, "seeds": max(1, seeds), "rows": rows}, lines)
 
 

@@ -164,6 +164,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bq.add_argument("--bound", action="store_true",
                     help="add a 'bound' row: oracle with free rescales and the true idle windows "
                          "(the headroom any policy has on this trace)")
+    bq.add_argument("--clairvoyant", action="store_true",
+                    help="add a 'clairvoyant' row: oracle told the true idle windows and pauses, paying "
+                         "the pauses (what knowing the future gives at the real cost of a change)")
     bq.add_argument("--plain", action="store_true",
                     help="add a 'malletrain-plain' row: malletrain without learned pauses, predicted "
                          "stays and variability, told the true pauses (as before issue #12)")
@@ -225,7 +228,7 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
                          f"{', '.join(POLICIES)}")
     bench_quality(args.trace, args.workload, policies, nodes=args.nodes, start=args.start,
                   end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
-                  progress=not args.json, bound=args.bound,
+                  progress=not args.json, bound=args.bound, clairvoyant=args.clairvoyant,
                   plain=args.plain, seeds=args.seeds).emit(args.json)
     return 0
 

@@ -170,7 +170,9 @@ def _explain_lines(job):
         yield (f"rescale pauses: up {side(r.up_s, r.up_n, r.configured_up_s)}; "
                f"down {side(r.down_s, r.down_n, r.configured_down_s)}")
     if job.curve:
-        probe = f", next probe at {job.probe} node(s)" if job.probe else ""
+        counts = job.probes or ((job.probe,) if job.probe else ())
+        probe = (f", still to measure at {', '.join(map(str, counts))} node(s): "
+                 "the largest its share of idle nodes reaches first" if counts else "")
         yield (f"predicted throughput ({job.curve_source}{probe}): " +
                ", ".join(f"{n}: {v:.4g}" for n, v in job.curve.items()))
     if job.history:

@@ -5,7 +5,8 @@ jobs' progress files (the metrics source) → decide → reconcile → apply,
 through the same :func:`run_cycle` that replay uses.  Around it: state in
 sqlite (re-adopted on start; the JPA is seeded from the stored samples), JSON
 logs, a Prometheus endpoint, sd_notify, SIGHUP reload (the old config stays
-on error), SIGTERM stops after the current cycle without touching any job.
+on error), SIGTERM stops after the current cycle without touching any job (a Slurm read
+that fails then is not retried, so an outage does not hold the stop up).
 A Slurm outage (commands failing or timing out) is logged once, counted and
 waited out; the loop never dies of it.  Neither does a store that cannot be
 written (a full disk, a broken file): the daemon then applies nothing (it
@@ -107,6 +108,7 @@ class Daemon:
         os.makedirs(dc.state_dir, mode=0o750, exist_ok=True)
         self.store = Store(os.path.join(dc.state_dir, "state.db"), samples_kept=dc.samples_kept)
         self.runner = runner or make_runner(self.config)
+        self._stopping = self.runner.stop      # set by SIGTERM/SIGINT: Slurm reads stop retrying
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes, max_records=dc.max_records_per_job,
                                  max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots)
         self.tail.load(self.store.get("tails", {}))
@@ -364,6 +366,7 @@ class Daemon:
             self._reload = True
         else:
             self._stop = True
+            self._stopping.set()
         self._wake.set()
 
     def _do_reload(self) -> None:
@@ -468,7 +471,7 @@ class Daemon:
                 predicted=curve.mean(size) if curve and size else None,
                 curve_source=curve.source if curve else None,
                 curve={str(n): round(p.mean, 3) for n, p in sorted(curve.points.items())} if curve else {},
-                probe=curve.probe if curve else None,
+                probe=curve.probe if curve else None, probes=curve.wanted if curve else (),
                 reason=gave_up or (why.reason if why else ""),
                 reason_code=ReasonCode.GAVE_UP.value if gave_up else (why.code.value if why else ""),
                 last_action=hist[-1] if hist else None, history=tuple(hist),

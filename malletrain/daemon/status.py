@@ -72,13 +72,14 @@ class JobStatus:
     predicted: float | None
     curve_source: str | None
     curve: dict[str, float]
-    probe: int | None
+    probe: int | None               # the smallest count still to be measured …
     reason: str                     # the last decision's detail …
     reason_code: str                # … and its ReasonCode value
     last_action: Change | None
     history: tuple[Change, ...]
     progress_skipped: int = 0       # this job's progress lines skipped and file refusals
     rescale: Rescale | None = None  # learned vs. configured rescale pauses
+    probes: tuple[int, ...] = ()    # … and all of them: a cycle probes at the largest its share reaches
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
         return None if d is None else _build(Change, d)
 
     jobs = tuple(_build(JobStatus, dict(
-        j, nodes=tuple(j["nodes"]), measured=None if j["measured"] is None else _build(Measured, j["measured"]),
+        j, nodes=tuple(j["nodes"]), probes=tuple(j.get("probes", ())),
+        measured=None if j["measured"] is None else _build(Measured, j["measured"]),
         last_action=change(j["last_action"]), history=tuple(_build(Change, h) for h in j["history"]),
         rescale=None if j.get("rescale") is None else _build(Rescale, j["rescale"])))
         for j in doc["jobs"])
