@@ -32,3 +32,31 @@ PY
 run quality-theta    malletrain bench quality --trace "$DATA/traces/theta_2022.swf" \
     --workload "$RES/theta-workload.yaml" --nodes 128 --max-jobs 10 --policies malletrain,bftrainer-guess,bftrainer,oracle --plain --bound --clairvoyant --seeds 5 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z
+# Where Theta's headroom over bftrainer lies: its pauses set to zero, one direction at a time.
+echo "== pause-share-theta" > "$RES/pause-share-theta.txt"
+python - "$DATA/traces/theta_2022.swf" "$RES/theta-workload.yaml" <<'PY' | tee -a "$RES/pause-share-theta.txt"
+# Where Theta's headroom lies: bftrainer (true curves) with the workload's start/grow pauses, its
+# stop/shrink pauses, or both set to zero.  Useful samples and lost+pause, seed 0, 5% noise.
+import dataclasses
+import sys
+
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.timeutil import parse_time
+from malletrain.replay.engine import ReplayOptions, run_replay
+from malletrain.replay.traces import load_trace
+from malletrain.replay.workload import load_workload
+
+trace = load_trace(sys.argv[1], nodes=128, start=parse_time("2022-03-01T00:00:00Z"),
+                   end=parse_time("2022-03-03T00:00:00Z"))
+workload = load_workload(sys.argv[2])
+base = None
+for label, zero in (("true pauses", {}), ("up free", {"rescale_up_s": 0.0}),
+                    ("down free", {"rescale_down_s": 0.0}),
+                    ("both free", {"rescale_up_s": 0.0, "rescale_down_s": 0.0})):
+    jobs = [dataclasses.replace(j, **zero) for j in workload]
+    s = run_replay(trace, jobs, ReplayOptions(core=CoreConfig(policy="bftrainer"), noise=0.05, max_jobs=10,
+                                              rescale_guess=None)).summary
+    base = base or s.useful_samples
+    print(f"bftrainer {label:12s} useful {s.useful_samples:.4g} ({s.useful_samples / base:.3f}x)  "
+          f"lost+pause {s.lost_samples + s.rescale_pause_samples:.4g}  starts {s.starts}  rescales {s.rescales}")
+PY
