@@ -267,6 +267,7 @@ REPLAY_FLAGS = [
     ("--time-limit", "0"),
     ("--min-dwell", "nan"), ("--min-dwell", "inf"), ("--min-dwell", "1e300"), ("--min-dwell", "-1"),
     ("--noise", "nan"), ("--noise", "inf"), ("--noise", "1e300"),
+    ("--planned-lead", "nan"), ("--planned-lead", "-1"), ("--planned-lead", "1e300"), ("--planned-lead", "x"),
     ("--nodes", FLAG_BIG), ("--nodes", "0"), ("--nodes", "nan"), ("--nodes", "1e999"), ("--nodes", "9" * 5000),
     ("--max-jobs", FLAG_BIG), ("--max-jobs", "inf"),
     ("--procs-per-node", FLAG_BIG), ("--procs-per-node", "nan"),

@@ -239,6 +239,38 @@ def test_replay_decisions_do_not_depend_on_the_future():
     assert _decisions_before(a, 2960.0, window_oracle=True) != _decisions_before(b, 2960.0, window_oracle=True)
 
 
+def test_planned_lead_reveals_each_window_end_that_long_before_and_no_earlier():
+    """``planned_lead_s`` models Slurm's planned starts: an idle node's next busy time is seen from
+    ``lead`` seconds before it (at the first decision from then), never earlier; decisions before
+    any reveal of the storm are those of the run without it."""
+    from malletrain.replay import sim as sim_mod
+    lead = 300.0
+    trace = _trace(True)
+    seen = []           # (decision time, node, window end it was told)
+    orig = sim_mod.SimCluster.observe
+
+    def observe(self):
+        obs = orig(self)
+        seen.extend((self.now, n.name, n.window_end_s) for n in obs.snapshot.nodes)
+        return obs
+    sim_mod.SimCluster.observe = observe
+    try:
+        _decisions_before(trace, 0.0, planned_lead_s=lead)
+    finally:
+        sim_mod.SimCluster.observe = orig
+    told = [(t, n, w) for t, n, w in seen if w is not None]
+    assert told and all(0 < w - t <= lead for t, _, w in told)
+    # every stretch that ended in the storm was told its end within one interval of the lead
+    storm = {n for t, n, w in told if w == 2965.0}
+    idle_then = {n for t, n, w in seen if 2940.0 <= t < 2965.0}
+    assert storm == idle_then and storm
+    assert all(min(t for t, m, w in told if m == n and w == 2965.0) <= 2965.0 - lead + 30.0 for n in storm)
+    assert not any(w is not None for t, _, w in seen if t < 2965.0 - lead - 60.0 and w == 2965.0)
+    a, b = _trace(False), _trace(True)
+    assert (_decisions_before(a, 2965.0 - lead, planned_lead_s=lead)
+            == _decisions_before(b, 2965.0 - lead, planned_lead_s=lead))
+
+
 def test_replay_learns_the_workloads_pauses_from_a_guess():
     from malletrain.replay.engine import ReplayOptions, run_replay
     from malletrain.replay.workload import TrueCurve, WorkloadJob

@@ -34,7 +34,8 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
                   nodes: int | None = None, start: float | None = None, end: float | None = None,
                   max_jobs: int | None = None, noise: float = 0.05, interval_s: float = 30.0,
                   progress: bool = True, core: dict | None = None, bound: bool = False,
-                  plain: bool = False, seeds: int = 1, clairvoyant: bool = False) -> Report:
+                  plain: bool = False, seeds: int = 1, clairvoyant: bool = False,
+                  planned_lead_s: float | None = None) -> Report:
     """Every policy on one trace and workload (same seeds and noise).  ``lost+pause``: samples
     lost to preemptions plus those lost to rescale pauses (at the old rate).  With ``seeds`` > 1
     every row is the mean over seeds 0..seeds-1 (± the standard deviation): one seed's
@@ -46,22 +47,23 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
     workload = load_workload(workload_path)
     free = [dataclasses.replace(j, rescale_up_s=0.0, rescale_down_s=0.0) for j in workload]
     guess = ReplayOptions().rescale_guess
-    # (label, policy, workload, window oracle, core knobs, what the policy is told of the pauses)
-    runs = [(p, p, workload, False, core or {}, guess) for p in policies]
+    # (label, policy, workload, window oracle, core knobs, what the policy is told of the pauses, lead)
+    runs = [(p, p, workload, False, core or {}, guess, planned_lead_s) for p in policies]
     if plain:
         runs.append(("malletrain-plain", "malletrain", workload, False,
-                     {**(core or {}), "learn_rescale": False, "availability": False, "variability": False}, None))
+                     {**(core or {}), "learn_rescale": False, "availability": False, "variability": False},
+                     None, None))
     if bound:
-        runs.append(("bound", "oracle", free, True, {**(core or {}), "horizon_s": interval_s}, None))
+        runs.append(("bound", "oracle", free, True, {**(core or {}), "horizon_s": interval_s}, None, None))
     if clairvoyant:
-        runs.append(("clairvoyant", "oracle", workload, True, core or {}, None))
+        runs.append(("clairvoyant", "oracle", workload, True, core or {}, None, None))
     rows, lines, means = [], [], {}
-    for label, policy, jobs, oracle_windows, knobs, told in runs:
+    for label, policy, jobs, oracle_windows, knobs, told, lead in runs:
         got = []
         for seed in range(1 if policy in SEED_FREE else max(1, seeds)):
             opts = ReplayOptions(core=CoreConfig(policy=policy, **knobs), interval_s=interval_s,
                                  max_jobs=max_jobs, noise=noise, seed=seed, quiet=True,
-                                 window_oracle=oracle_windows, rescale_guess=told)
+                                 window_oracle=oracle_windows, rescale_guess=told, planned_lead_s=lead)
             s = run_replay(trace, jobs, opts).summary
             rows.append({**s.to_dict(), "label": label})
             got.append(s)

@@ -95,6 +95,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="place without learning which jobs suffer on slow nodes")
     r.add_argument("--window-oracle", action="store_true",
                    help="hand every idle node its true next busy time (a look-ahead no scheduler has)")
+    r.add_argument("--planned-lead", type=bounded(float, 0, MAX_SECONDS), metavar="S",
+                   help="hand every idle node its true next busy time S seconds before it comes, as "
+                        "Slurm's planned start of a pending job would (what live planning buys)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -170,6 +173,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bq.add_argument("--plain", action="store_true",
                     help="add a 'malletrain-plain' row: malletrain without learned pauses, predicted "
                          "stays and variability, told the true pauses (as before issue #12)")
+    bq.add_argument("--planned-lead", type=bounded(float, 0, MAX_SECONDS), metavar="S",
+                    help="the policies' rows know each idle node's next busy time S seconds ahead, as "
+                         "Slurm's planned starts would (the plain, bound and clairvoyant rows do not change)")
     bq.add_argument("--seeds", type=positive(int, 100), default=1, metavar="K",
                     help="run every row with seeds 0..K-1 and print mean ± sd (default 1)")
     bq.add_argument("--json", action="store_true", help="print JSON only")
@@ -229,7 +235,7 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
     bench_quality(args.trace, args.workload, policies, nodes=args.nodes, start=args.start,
                   end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
                   progress=not args.json, bound=args.bound, clairvoyant=args.clairvoyant,
-                  plain=args.plain, seeds=args.seeds).emit(args.json)
+                  plain=args.plain, seeds=args.seeds, planned_lead_s=args.planned_lead).emit(args.json)
     return 0
 
 
@@ -267,7 +273,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                        nodes=args.nodes, start=args.start, end=args.end)
     opts = ReplayOptions(core=core, interval_s=args.interval, max_jobs=args.max_jobs,
                          seed=args.seed, noise=args.noise, quiet=args.quiet, rescale_guess=args.rescale_guess,
-                         window_oracle=args.window_oracle, node_info=node_info)
+                         window_oracle=args.window_oracle, planned_lead_s=args.planned_lead,
+                         node_info=node_info)
     result = run_replay(trace, workload, opts)
     write_outputs(result, args.out, plots=not args.no_plots)
     s = result.summary

@@ -10,6 +10,7 @@ failed run leaves nothing half-written.
 from __future__ import annotations
 
 import csv
+import heapq
 import math
 import os
 import shutil
@@ -50,6 +51,9 @@ class ReplayOptions:
     rescale_guess: tuple[float, float] | None = (30.0, 10.0)
     # hand each idle node its true next busy time (a look-ahead no real scheduler has: off)
     window_oracle: bool = False
+    # hand each idle node its true next busy time this many seconds before it comes, as Slurm's
+    # planned start of a pending job on it would (a scenario for what live planning buys; None: off)
+    planned_lead_s: float | None = None
     # node -> (topology group, slowdown): the site's per-node facts (nodes.py; none: all alike)
     node_info: Mapping[str, tuple[str, float]] | None = None
 
@@ -138,6 +142,9 @@ def check_options(trace: NodeTrace, opts: ReplayOptions) -> None:
                          field="interval")
     if not (isinstance(opts.noise, (int, float)) and 0 <= opts.noise <= 1):
         raise InputError(f"must be in [0, 1], got {opts.noise!r}", field="noise")
+    lead = opts.planned_lead_s
+    if lead is not None and not (isinstance(lead, (int, float)) and 0 <= lead <= MAX_SECONDS):
+        raise InputError(f"must be >= 0 and <= {MAX_SECONDS:g} s, got {lead!r}", field="planned_lead")
     if opts.max_jobs is not None and opts.max_jobs < 1:
         raise InputError(f"must be >= 1, got {opts.max_jobs!r}", field="max_jobs")
 
@@ -165,7 +172,23 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     source = CurveSource(core, truths)
     forecast = ForecastSource(core, {j: RescaleCost(*p) for j, p in pauses.items()})
     order = node_order(trace)
-    windows = _window_ends(trace, order) if opts.window_oracle else None
+    knows = opts.window_oracle or opts.planned_lead_s is not None
+    windows = _window_ends(trace, order) if knows else None
+    lead = math.inf if opts.window_oracle else (opts.planned_lead_s or 0.0)
+    reveals: list[tuple[float, str, float]] = []    # (when, node, its window end): a heap
+
+    def node_event(i: int) -> str | None:
+        """Apply trace event ``i``; an idle node learns its window end now if it is ``lead`` or
+        less away, else once it is (the job it preempted, if any)."""
+        name, is_busy = names[idxs[i]], bool(busy[i])
+        end = None
+        if windows is not None and not is_busy:
+            end = float(windows[i])
+            if end - times[i] > lead:
+                if math.isfinite(end):
+                    heapq.heappush(reveals, (end - lead, name, end))
+                end = None
+        return sim.set_node(name, is_busy, end)
     times, idxs, busy = trace.times, trace.node_idx, trace.busy
     names = trace.nodes
     n_ev, ev = len(times), 0
@@ -197,7 +220,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 break
             if not active and t_next > t:   # fast-forward the primary workload
                 while ev < n_ev and times[ev] < t_arr:
-                    sim.set_node(names[idxs[ev]], bool(busy[ev]), windows[ev] if windows is not None else None)
+                    node_event(ev)
                     ev += 1
                 next_tick = t_arr
                 sim.advance(t_arr)
@@ -208,8 +231,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
             sim.complete_due()
             hit: dict[str, int] = {}
             while ev < n_ev and times[ev] == t:
-                jid = sim.set_node(names[idxs[ev]], bool(busy[ev]),
-                                   windows[ev] if windows is not None and not busy[ev] else None)
+                jid = node_event(ev)
                 if jid is not None:
                     hit[jid] = hit.get(jid, 0) + 1
                 ev += 1
@@ -224,6 +246,10 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 spec = waiting.pop(0)
                 sim.admit(spec, truths[spec.job_id], works[spec.job_id], pauses[spec.job_id],
                           *extra[spec.job_id])
+            while reveals and reveals[0][0] <= t:
+                _, name, end = heapq.heappop(reveals)
+                if end > t:          # still the idle stretch it was planned for
+                    sim.reveal(name, end)
             if t >= next_tick:
                 sim.report_samples()
                 next_tick = trace.start_s + (math.floor((t - trace.start_s) / interval) + 1) * interval
@@ -336,6 +362,7 @@ def _result(trace, order, sim, source, opts, decision_ms, reused, notes, timelin
         rescale_error_max=max(errors, default=0.0),
         rescale_guess=tuple(guess) if guess is not None else None,
         window_oracle=opts.window_oracle,
+        planned_lead_s=opts.planned_lead_s,
     )
     return ReplayResult(summary, timeline, progress, jobs)
 

@@ -173,6 +173,12 @@ class SimCluster:
         job.nodes.remove(name)
         return jid
 
+    def reveal(self, name: str, window_end_s: float) -> None:
+        """An idle (or harvested) node's next busy time becomes known, as a planned start would."""
+        if name in self.pool:
+            self.generation += 1
+            self.pool[name] = self._node(name, window_end_s)
+
     def settle_preemptions(self, hit: dict[str, int]) -> None:
         """Shrink or stop each job that lost ``hit[job]`` nodes at this instant."""
         self.generation += 1

@@ -67,6 +67,7 @@ class ReplaySummary:
     rescale_error_max: float = 0.0
     rescale_guess: tuple[float, float] | None = None   # what the policy was told before it learned
     window_oracle: bool = False
+    planned_lead_s: float | None = None   # idle windows' ends known this long before (None: never)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
