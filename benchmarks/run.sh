@@ -60,3 +60,15 @@ for label, zero in (("true pauses", {}), ("up free", {"rescale_up_s": 0.0}),
     print(f"bftrainer {label:12s} useful {s.useful_samples:.4g} ({s.useful_samples / base:.3f}x)  "
           f"lost+pause {s.lost_samples + s.rescale_pause_samples:.4g}  starts {s.starts}  rescales {s.rescales}")
 PY
+# What live planning buys: the policy told each idle node's next busy time S seconds ahead, as
+# Slurm's planned starts would (replay only: the traces have no pending jobs to plan).
+: > "$RES/planned-lead.txt"
+for lead in 60 300 900 1800; do
+    for args in "--trace $RES/philly/philly-1day.csv.gz --workload $RES/philly/workload-pollux.yaml" \
+                "--trace $DATA/traces/theta_2022.swf --workload $RES/theta-workload.yaml --nodes 128 --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z"; do
+        # shellcheck disable=SC2086
+        { echo "== malletrain bench quality $args --max-jobs 10 --policies malletrain --seeds 5 --planned-lead $lead"
+          malletrain bench quality $args --max-jobs 10 --policies malletrain --seeds 5 --planned-lead "$lead" 2>/dev/null; } \
+            | tee -a "$RES/planned-lead.txt"
+    done
+done
