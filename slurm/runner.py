@@ -88,7 +88,7 @@ class Runner:
         self.bin_dir = bin_dir or None
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._exec = exec_fn or subprocess.run
-        self.stop = threading.Event()     # set: no more retries (the owner shares its own event)
+        self.stop = threading.Event()     # set by the owner when it is told to stop: no more retries
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.stats = CommandStats()

@@ -108,7 +108,6 @@ class Daemon:
         os.makedirs(dc.state_dir, mode=0o750, exist_ok=True)
         self.store = Store(os.path.join(dc.state_dir, "state.db"), samples_kept=dc.samples_kept)
         self.runner = runner or make_runner(self.config)
-        self._stopping = self.runner.stop      # set by SIGTERM/SIGINT: Slurm reads stop retrying
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes, max_records=dc.max_records_per_job,
                                  max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots)
         self.tail.load(self.store.get("tails", {}))
@@ -366,7 +365,7 @@ class Daemon:
             self._reload = True
         else:
             self._stop = True
-            self._stopping.set()
+            self.runner.stop.set()      # a Slurm read that fails now is not retried
         self._wake.set()
 
     def _do_reload(self) -> None:

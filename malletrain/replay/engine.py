@@ -172,8 +172,9 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     source = CurveSource(core, truths)
     forecast = ForecastSource(core, {j: RescaleCost(*p) for j, p in pauses.items()})
     order = node_order(trace)
-    knows = opts.window_oracle or opts.planned_lead_s is not None
-    windows = _window_ends(trace, order) if knows else None
+    times, idxs, busy = trace.times, trace.node_idx, trace.busy
+    names = trace.nodes
+    windows = _window_ends(trace, order) if opts.window_oracle or opts.planned_lead_s is not None else None
     lead = math.inf if opts.window_oracle else (opts.planned_lead_s or 0.0)
     reveals: list[tuple[float, str, float]] = []    # (when, node, its window end): a heap
 
@@ -189,8 +190,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                     heapq.heappush(reveals, (end - lead, name, end))
                 end = None
         return sim.set_node(name, is_busy, end)
-    times, idxs, busy = trace.times, trace.node_idx, trace.busy
-    names = trace.nodes
+
     n_ev, ev = len(times), 0
     a_i = 0
     waiting: list[JobSpec] = []
