@@ -72,3 +72,17 @@ def user_conf(cluster, tmp_path_factory):
         os.chmod(p, 0o755)
     os.chmod(d / "slurm.conf", 0o644)
     return str(d / "slurm.conf")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed live test shows the tail of each daemon log it wrote (the daemon's account
+    of why it did what it did), since CI keeps only the test output."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if not report.failed or tmp is None or item.get_closest_marker("live") is None:
+        return
+    for log in sorted(tmp.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-60:]
+        report.sections.append((f"{log.name} (last {len(lines)} lines)", "\n".join(lines)))
