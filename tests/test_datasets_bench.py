@@ -145,6 +145,21 @@ def test_bench_jpa_and_replay_and_quality(data_dir, tmp_path, capsys):
     assert seer["window_oracle"] and seer["rescale_guess"] is None
     assert seer["lost_samples"] + seer["rescale_pause_samples"] > 0
     assert bound["useful_samples"] >= seer["useful_samples"]
+    # --planned-lead reaches the policies compared, not the reference rows (which know every
+    # window's end from the start); without it no row is told any
+    assert all(r["planned_lead_s"] is None for r in rows)
+    assert main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
+                 str(tmp_path / "w.yaml"), "--policies", "malletrain,static", "--clairvoyant",
+                 "--planned-lead", "300", "--json"]) == 0
+    led = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["label"], r["planned_lead_s"], r["window_oracle"]) for r in led] == [
+        ("malletrain", 301.0, False), ("static", 300.0, False), ("clairvoyant", None, True)]
+    # the clairvoyant row is the same run with or without a lead elsewhere in the table
+    assert led[2]["useful_samples"] == seer["useful_samples"]
+    with pytest.raises(SystemExit) as bad:      # argparse: exit 2, the flag named
+        main(["bench", "quality", "--trace", str(tmp_path / "p.csv"), "--workload",
+              str(tmp_path / "w.yaml"), "--planned-lead", "-5"])
+    assert bad.value.code == 2 and "--planned-lead" in capsys.readouterr().err
 
 
 def test_scale_bench_reads_sdiag_and_renders_its_table():

@@ -22,9 +22,27 @@ import dataclasses
 import statistics
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from malletrain.bench import Report
 from malletrain.domain.config import CoreConfig
+
+if TYPE_CHECKING:
+    from malletrain.replay.workload import WorkloadJob
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One row of the table: a policy, the workload it meets and what it is told."""
+
+    label: str
+    policy: str
+    jobs: list[WorkloadJob]                  # the workload (pauses zeroed for ``bound``)
+    knobs: dict[str, Any]                    # CoreConfig fields besides the policy
+    window_oracle: bool = False              # told each idle node's true next busy time
+    told: tuple[float, float] | None = None  # the pauses it is told (None: the true ones)
+    planned_lead_s: float | None = None      # planned starts revealed this long before
+
 
 # policies that act on nothing a job reports (true curves, told pauses): the seed changes nothing
 SEED_FREE = ("bftrainer", "bftrainer-guess", "static")
@@ -46,25 +64,26 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
     trace = load_trace(trace_path, nodes=nodes, start=start, end=end)
     workload = load_workload(workload_path)
     free = [dataclasses.replace(j, rescale_up_s=0.0, rescale_down_s=0.0) for j in workload]
+    knobs = core or {}
     guess = ReplayOptions().rescale_guess
-    # (label, policy, workload, window oracle, core knobs, what the policy is told of the pauses, lead)
-    runs = [(p, p, workload, False, core or {}, guess, planned_lead_s) for p in policies]
+    runs = [_Run(p, p, workload, knobs, told=guess, planned_lead_s=planned_lead_s) for p in policies]
     if plain:
-        runs.append(("malletrain-plain", "malletrain", workload, False,
-                     {**(core or {}), "learn_rescale": False, "availability": False, "variability": False},
-                     None, None))
+        runs.append(_Run("malletrain-plain", "malletrain", workload,
+                         {**knobs, "learn_rescale": False, "availability": False, "variability": False}))
     if bound:
-        runs.append(("bound", "oracle", free, True, {**(core or {}), "horizon_s": interval_s}, None, None))
+        runs.append(_Run("bound", "oracle", free, {**knobs, "horizon_s": interval_s}, window_oracle=True))
     if clairvoyant:
-        runs.append(("clairvoyant", "oracle", workload, True, core or {}, None, None))
+        runs.append(_Run("clairvoyant", "oracle", workload, knobs, window_oracle=True))
     rows, lines, means = [], [], {}
-    for label, policy, jobs, oracle_windows, knobs, told, lead in runs:
+    for run in runs:
+        label, policy = run.label, run.policy
         got = []
         for seed in range(1 if policy in SEED_FREE else max(1, seeds)):
-            opts = ReplayOptions(core=CoreConfig(policy=policy, **knobs), interval_s=interval_s,
+            opts = ReplayOptions(core=CoreConfig(policy=policy, **run.knobs), interval_s=interval_s,
                                  max_jobs=max_jobs, noise=noise, seed=seed, quiet=True,
-                                 window_oracle=oracle_windows, rescale_guess=told, planned_lead_s=lead)
-            s = run_replay(trace, jobs, opts).summary
+                                 window_oracle=run.window_oracle, rescale_guess=run.told,
+                                 planned_lead_s=run.planned_lead_s)
+            s = run_replay(trace, run.jobs, opts).summary
             rows.append({**s.to_dict(), "label": label})
             got.append(s)
         useful = [s.useful_samples for s in got]
