@@ -6,9 +6,10 @@
 # Sourced into the caller's shell (an interactive one too): the work runs in a subshell under
 # `set -euo pipefail`, and only PATH (the venv's bin/ first) changes in the caller, whose own
 # shell options are left as they were.  A failure returns non-zero and changes nothing.
+_malletrain_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _malletrain_env() (
     set -euo pipefail
-    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    ROOT="$_malletrain_root"
     EXTRAS="${1:-}"
     PY="${PYTHON:-python3}"
     if ! command -v "$PY" >/dev/null 2>&1 || ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
@@ -40,11 +41,11 @@ _malletrain_env "$@"
 _malletrain_rc=$?
 unset -f _malletrain_env
 if [ "$_malletrain_rc" -eq 0 ]; then
-    unset _malletrain_rc
-    PATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin:$PATH"
+    PATH="$_malletrain_root/.venv/bin:$PATH"
     export PATH
+    unset _malletrain_rc _malletrain_root
 else
-    unset _malletrain_rc
+    unset _malletrain_rc _malletrain_root
     echo "[env] setting up the environment failed (see above)" >&2
     # sourced: hand the failure back to the caller; run as a script: exit with it
     return 1 2>/dev/null || exit 1

@@ -68,6 +68,5 @@ def test_a_strict_caller_stops_at_the_failure(checkout):
     out = _bash(checkout, "set -euo pipefail; source scripts/env.sh x; echo not-reached",
                 PYTHON=str(checkout / "bin" / "python-too-old"))
     assert out.returncode != 0 and "not-reached" not in out.stdout
-    run = subprocess.run(["bash", str(checkout / "scripts" / "env.sh"), "x"], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHON": str(checkout / "bin" / "python-too-old")})
+    run = _bash(checkout, "bash scripts/env.sh x", PYTHON=str(checkout / "bin" / "python-too-old"))
     assert run.returncode == 1 and "setting up the environment failed" in run.stderr

@@ -159,9 +159,9 @@ def test_jobs_grow_and_shrink_as_nodes_come_and_go(clean, tmp_path):
         # scales better while the other waits held): the test asserts what holds either way.
         def harvesting():
             st = d.status()
+            reported = [len(metrics_records(tmp_path, j)) for j in (a, b)]
             return (st and st.idle_nodes == 0 and sum(j.size for j in st.jobs) == 4
-                    and all(metrics_records(tmp_path, j) for j in (a, b))
-                    and sum(len(metrics_records(tmp_path, j)) for j in (a, b)) > 20)
+                    and all(reported) and sum(reported) > 20)
         wait_until(harvesting, 90, "both jobs to report and the daemon to hold all 4 nodes")
         # garbage in a running job's progress file is skipped and counted, never fatal
         busy = max(d.status().jobs, key=lambda j: j.size).job
