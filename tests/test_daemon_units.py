@@ -302,3 +302,26 @@ def test_a_restart_does_not_measure_a_change_twice(tmp_path):
     assert poll(src2, 5001.0) == ()
     late = ProgressSource(ProgressTail(), max_pause_s=3600.0)   # nothing persisted: read too late to tell
     assert poll(late, 5002.0) == ()
+
+
+def test_status_shows_the_name_each_user_gave_from_the_tag(tmp_path, capsys):
+    """The queue read holds no user text, so the name shown comes from the tag (bounded and
+    printable at parse; escaped again when printed), never from parsing Slurm's job name."""
+    from helpers import FakeSlurm, held_job
+
+    from malletrain.cli.main import main
+    from malletrain.daemon.status import read_status
+    from malletrain.slurm.parse import Tag
+    fake = FakeSlurm()
+    held_job(fake, "7", comment=Tag("tok", 1, 4, "p", 2.0, 1.0, "", name="resnet-50 lr=0.1").encode())
+    held_job(fake, "8", comment=Tag("tok2", 1, 4, "p", 2.0, 1.0, "", name="hpo-3").encode(), uid=1001)
+    d, _ = _daemon(tmp_path, fake)
+    try:
+        d.cycle_once()
+    finally:
+        d.store.close()
+    st = read_status(str(tmp_path / "state" / "status.json"))
+    assert {j.job: j.name for j in st.jobs} == {"7": "resnet-50 lr=0.1", "8": "hpo-3"}
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    out = capsys.readouterr().out
+    assert "resnet-50 lr=0" in out and "hpo-3" in out

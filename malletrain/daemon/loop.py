@@ -462,7 +462,7 @@ class Daemon:
                                    tag.rescale_down_s) if cost is not None else
                            Rescale(tag.rescale_up_s, tag.rescale_down_s, 0, 0, tag.rescale_up_s, tag.rescale_down_s))
             jobs.append(JobStatus(
-                job=jid, name=r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
+                job=jid, name=tag.name if tag else r.name, user=r.user, state=r.phase.value, slurm_state=r.state,
                 slurm_reason=r.reason, nodes=tuple(r.nodes) if size else (), size=size,
                 min_nodes=tag.min_nodes if tag else None, max_nodes=tag.max_nodes if tag else None,
                 profile=(last.facts[jid].profile if last and jid in last.facts else tag.profile if tag else ""),
