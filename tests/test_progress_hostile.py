@@ -146,14 +146,14 @@ def test_one_jobs_broken_file_does_not_stop_the_others(shared_dir, monkeypatch):
     write(good, good_lines())
     write(bad, good_lines())
     tail = ProgressTail(roots=("/tmp",))
-    real = tail.poll
+    real = tail.read
 
     def explode(job, path, **kw):
         if job == "2":
             raise RuntimeError("a bug this input found")
         return real(job, path, **kw)
 
-    monkeypatch.setattr(tail, "poll", explode)
+    monkeypatch.setattr(tail, "read", explode)
     src = ProgressSource(tail)
     obs = Observation(Snapshot(0.0, (), ()), (), {
         "2": JobFacts("p", "mallory", bad, uid=ME), "1": JobFacts("p", "alice", good, uid=ME),

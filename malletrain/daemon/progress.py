@@ -24,9 +24,9 @@ input (:mod:`malletrain.jpa.rescale`).
 
 Everything in the file comes from the job's owner (SECURITY.md): the file is
 opened as its owner could (:mod:`malletrain.daemon.files`); at most
-``max_read_bytes`` and ``max_records`` records are read per job per cycle, and
-``max_bytes_per_cycle`` over all jobs, running jobs first, the others taking
-turns (the rest waits for the next cycle); an ``exit`` record is the job's final
+``max_read_bytes`` and ``max_records`` records are read per job per read, and
+``max_bytes_per_cycle`` over all jobs (:meth:`ProgressSource.poll` says in which
+order: no job's file can spend what another job needs); an ``exit`` record is the job's final
 result only when it names the job (``"job"``) and the file was not replaced
 since; a record's numbers must be finite and in range
 (``nodes`` at most the job's ``max_nodes``, a rate at most
@@ -35,6 +35,7 @@ out-of-range records are skipped and counted for that job, never raised.
 """
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -54,11 +55,37 @@ EVENTS = ("start", "progress", "checkpoint", "exit")
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
 
 
-class _Unread:
-    """An ended job's file not read to its end yet (this cycle's budget ran out)."""
+PIECE_BYTES = 64 << 10     # a read is made in pieces of this size and stops once it holds max_records lines
+ENDED_READS = 16           # reads of an ended job's file per cycle (each at most max_read_bytes)
 
 
-_UNREAD = _Unread()
+class ReadStatus(enum.Enum):
+    READ = "read"            # the file was opened and read (perhaps nothing new)
+    MISSING = "missing"      # there is no file at the path
+    REFUSED = "refused"      # not a file its owner could read (files.py), or an error reading it
+    DEFERRED = "deferred"    # not tried: this cycle's byte budget is spent (the file waits its turn)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What one read of a file returned (the I/O part of a poll; parsing is separate)."""
+
+    inode: int
+    size: int          # the file's size when it was read
+    start: int         # the offset ``data`` starts at (0 when the file is new, replaced or truncated)
+    data: bytes
+
+
+@dataclass(frozen=True)
+class TailRead:
+    """The outcome of one :meth:`ProgressTail.read`."""
+
+    status: ReadStatus
+    samples: tuple[Sample, ...] = ()
+    records: int = 0        # valid records read
+    consumed: int = 0       # bytes the file's offset moved (what the cycle's budget is charged)
+    eof: bool = False       # this read saw the end of the file (its last line may be unfinished)
+    lines: int = 0          # lines read, valid or not
 
 
 @dataclass
@@ -120,53 +147,90 @@ class ProgressTail:
 
     def poll(self, job_id: str, path: str, *, uid: int | None = None,
              max_nodes: int = 1_000_000) -> list[Sample]:
-        """New samples of ``job_id`` from ``path`` since the last poll.
+        """New samples of ``job_id`` from ``path`` since the last poll (see :meth:`read`)."""
+        return list(self.read(job_id, path, uid=uid, max_nodes=max_nodes).samples)
+
+    def read(self, job_id: str, path: str, *, uid: int | None = None, max_nodes: int = 1_000_000,
+             cap: int | None = None, max_lines: int | None = None) -> TailRead:
+        """Read what ``job_id`` appended to ``path`` since the last read: at most ``cap`` (and
+        ``max_read_bytes``, and what is left of :attr:`budget`) bytes, ``max_lines`` (and
+        ``max_records``) lines.
 
         With ``uid`` the file is opened only as that user could
         (:func:`open_as_owner`); without, it must still be a regular file reached
         without following a symlink (for callers that own the file themselves).
+        The budget is charged what the read consumed (the bytes the offset moved), not what
+        was asked for: a file of empty lines costs what its lines are worth.  A read starts only
+        when a whole line still fits the budget; otherwise the file waits (``DEFERRED``).
         """
-        if self.budget is not None and self.budget <= 0:
-            return []                 # this cycle's reading is spent: the rest waits
+        want = self.max_read_bytes if cap is None else min(self.max_read_bytes, cap)
+        if self.budget is not None:
+            if self.budget < min(want, self.max_line_bytes + 1):
+                return TailRead(ReadStatus.DEFERRED)    # this cycle's reading is spent: the rest waits
+            want = min(want, self.budget)
+        lines = self.max_records if max_lines is None else min(self.max_records, max_lines)
+        if want <= 0 or lines <= 0:
+            return TailRead(ReadStatus.DEFERRED)
         st = self.files.get(path) or TailState()
         try:
-            fd = (open_as_owner(path, uid, self.roots) if uid is not None else
-                  os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
-            with os.fdopen(fd, "rb") as fh:
-                info = os.fstat(fh.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise Refused("not a regular file")
-                if info.st_ino != st.inode or info.st_size < st.offset:   # new, replaced or truncated
-                    st.offset, st.inode, st.last, st.done, st.step_s = 0, info.st_ino, None, False, 0.0
-                    st.run, st.new_runs = None, []
-                want = self.max_read_bytes if self.budget is None else min(self.max_read_bytes, self.budget)
-                fh.seek(st.offset)
-                chunk = fh.read(want)
-                if self.budget is not None:
-                    self.budget -= len(chunk)
-                st.eof = st.offset + len(chunk) >= info.st_size
+            got = self.fetch(path, uid, st.offset, st.inode, want, lines)
         except FileNotFoundError:
-            return []
+            return TailRead(ReadStatus.MISSING)
         except Refused as exc:
             self._refuse(job_id, path, str(exc))
-            return []
+            return TailRead(ReadStatus.REFUSED)
         except OSError as exc:
             self._refuse(job_id, path, exc.strerror or str(exc))
-            return []
+            return TailRead(ReadStatus.REFUSED)
         self._refused.pop(path, None)
         self.files[path] = st           # only files that were opened are remembered
+        return self._parse(job_id, st, got, max_nodes, lines)
+
+    def fetch(self, path: str, uid: int | None, offset: int, inode: int, want: int, max_lines: int) -> Fetched:
+        """The I/O of a read (nothing else touches the file): open ``path`` as its owner could,
+        and read from ``offset`` (from 0 when the file is not ``inode`` any more or is shorter
+        than ``offset``) at most ``want`` bytes, in pieces, stopping once ``max_lines`` lines
+        are complete.  Raises ``FileNotFoundError``, :class:`Refused` or ``OSError``."""
+        fd = (open_as_owner(path, uid, self.roots) if uid is not None else
+              os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise Refused("not a regular file")
+            start = offset if info.st_ino == inode and info.st_size >= offset else 0
+            parts: list[bytes] = []
+            size = lines = 0
+            while size < want and lines < max_lines:
+                piece = os.pread(fd, min(PIECE_BYTES, want - size), start + size)
+                if not piece:
+                    break
+                parts.append(piece)
+                size += len(piece)
+                lines += piece.count(b"\n")
+        finally:
+            os.close(fd)
+        return Fetched(info.st_ino, info.st_size, start, b"".join(parts))
+
+    def _parse(self, job_id: str, st: TailState, got: Fetched, max_nodes: int, max_lines: int) -> TailRead:
+        if got.inode != st.inode or got.start != st.offset:     # new, replaced or truncated
+            st.offset, st.inode, st.last, st.done, st.step_s = got.start, got.inode, None, False, 0.0
+            st.run, st.new_runs = None, []
+        chunk = got.data
+        eof = got.start + len(chunk) >= got.size
         end = chunk.rfind(b"\n")
         if end < 0:
+            consumed = 0
             if len(chunk) > self.max_line_bytes:   # one endless line: skip it
                 self._skip(job_id, oversized=True)
-                st.offset += len(chunk)
-            return []
+                consumed = len(chunk)
+            return self._consumed(st, TailRead(ReadStatus.READ, consumed=consumed, eof=eof, lines=int(consumed > 0)))
         out = []
-        pos = 0
-        lines = chunk[:end].split(b"\n", self.max_records)     # the rest waits for the next cycle
-        if len(lines) > self.max_records:
-            st.eof = False
-        for raw in lines[:self.max_records]:
+        pos = records = 0
+        lines = chunk[:end].split(b"\n", max_lines)     # the rest waits for the next read
+        if len(lines) > max_lines:
+            eof = False
+        lines = lines[:max_lines]
+        for raw in lines:
             pos += len(raw) + 1
             self.counters.lines += 1
             if len(raw) > self.max_line_bytes:
@@ -177,6 +241,7 @@ class ProgressTail:
                 self._skip(job_id)
                 continue
             st.records += 1
+            records += 1
             if rec["event"] == "start":
                 st.done = False
             elif rec["event"] == "exit":     # final only when it names this job (not a stale file's)
@@ -195,9 +260,15 @@ class ProgressTail:
                     out.append(sample)
                 else:
                     self._skip(job_id)
-        st.offset += pos
         self.counters.samples += len(out)
-        return out
+        return self._consumed(st, TailRead(ReadStatus.READ, tuple(out), records, pos, eof, len(lines)))
+
+    def _consumed(self, st: TailState, r: TailRead) -> TailRead:
+        st.offset += r.consumed
+        st.eof = r.eof
+        if self.budget is not None:
+            self.budget -= r.consumed
+        return r
 
     def _skip(self, job_id: str, *, oversized: bool = False) -> None:
         if oversized:
@@ -334,75 +405,137 @@ class ProgressSource:
                 return
 
     def poll(self, observation: Observation) -> tuple[Sample, ...]:
+        """Read the observed jobs' files, within ``max_bytes_per_cycle``:
+
+        1. running jobs and ended jobs not judged yet, each up to an equal share of the budget
+           (at least one whole line, at most ``max_read_bytes``), running jobs first, each
+           group in turns: one job's huge file (newlines, a sparse file) cannot spend what the
+           others need (a running job not read is taken for hung after ``hang_floor_s``);
+        2. what is left: running jobs up to ``max_read_bytes``, ended jobs up to their own cap
+           (``ENDED_READS`` reads a cycle), then the other (pending, held) jobs, in turns.
+
+        An ended job is judged (:attr:`final`) only from a read that reached the end of its file
+        this cycle; a file not read to its end waits for the next cycle, whatever the others'
+        files hold.  A cancelled job's file is not read at all: its owner or an admin ended it,
+        and what was read of it before says whether its work had finished.
+        """
         now = observation.snapshot.now_s
         self._now = now
         for job in observation.finished:
             self._drop(job)
-        out: list[Sample] = []
-        self.tail.budget = self.max_bytes_per_cycle
-        for job, facts in observation.ended.items():    # the last records of a job that ended
-            if job not in self.final:
-                done = self._final(job, facts, out)
-                if not isinstance(done, _Unread):        # read to its end next cycle otherwise
-                    self.final[job] = done
         for job in [j for j in self.final if j not in observation.ended]:
             del self.final[job]
-        # running jobs first (their samples feed the JPA), then the others, taking turns
+        out: list[Sample] = []
+        ended = []
+        for job, facts in observation.ended.items():
+            if job in self.final:
+                continue
+            if facts.state == "CANCELLED":
+                st = self._state(job)
+                self.final[job] = True if st is not None and st.done else None
+                self._drop(job)
+            else:
+                ended.append((job, facts))
         running = [kv for kv in observation.facts.items() if kv[1].state in _ACTIVE]
         idle = [kv for kv in observation.facts.items() if kv[1].state not in _ACTIVE]
-        if idle:
-            self._turn %= len(idle)
-            idle = idle[self._turn:] + idle[:self._turn]
-            self._turn += 1
-        for job, facts in running + idle:
-            got = self._read(job, facts, out)
-            if got:
-                self.last_progress[job] = now
-        self.tail.budget = None
+        self._turn += 1
+        running, ended, idle = (_turns(group, self._turn) for group in (running, ended, idle))
+        budget = self.max_bytes_per_cycle
+        self.tail.budget = budget
+        ended_cap = ENDED_READS * self.tail.max_read_bytes
+        used: dict[str, _Used] = {}     # what each job's file gave this cycle
+        if budget is None:
+            share = self.tail.max_read_bytes
+        else:
+            share = budget // max(1, len(running) + len(ended))
+            share = max(self.tail.max_line_bytes + 1, min(self.tail.max_read_bytes, share))
+        try:
+            for job, facts in running:
+                self._live(job, facts, out, share, used)
+            for job, facts in ended:
+                self._final(job, facts, out, share if budget is not None else ended_cap, used)
+            if budget is not None:
+                for job, facts in running:
+                    self._live(job, facts, out, self.tail.max_read_bytes, used)
+                for job, facts in ended:
+                    if job not in self.final:
+                        self._final(job, facts, out, ended_cap, used)
+            for job, facts in idle:
+                self._live(job, facts, out, self.tail.max_read_bytes, used)
+        finally:
+            self.tail.budget = None
         for s in out:
             self.latest[s.job_id] = s
         self._persist(out)
         return tuple(out)
 
-    def _read(self, job: str, facts: JobFacts, out: list[Sample]) -> int:
-        """Poll one job's file into ``out``; the number of valid records read."""
+    def _live(self, job: str, facts: JobFacts, out: list[Sample], cap: int, used: dict[str, _Used]) -> None:
+        """Read a job in the queue on, up to ``cap`` bytes this cycle (``max_records`` lines)."""
+        u = used.setdefault(job, _Used())
+        if u.settled or u.bytes >= cap or u.lines >= self.tail.max_records:
+            return
+        r = self._read(job, facts, out, cap - u.bytes, self.tail.max_records - u.lines)
+        if r.status is ReadStatus.DEFERRED:
+            return
+        u.bytes += r.consumed
+        u.lines += r.lines
+        u.settled = r.status is not ReadStatus.READ or r.eof
+        if r.records:
+            self.last_progress[job] = self._now
+
+    def _read(self, job: str, facts: JobFacts, out: list[Sample], cap: int | None = None,
+              max_lines: int | None = None) -> TailRead:
+        """Read one job's file into ``out``."""
         if not facts.progress_path:
-            return 0
+            return TailRead(ReadStatus.MISSING)
+        self._paths[job] = facts.progress_path
         if facts.uid is None:      # without the owner's uid nothing can be checked: not read
             self.tail._refuse(job, facts.progress_path, "the job's owner is unknown")
-            return 0
-        self._paths[job] = facts.progress_path
-        st = self.tail.files.get(facts.progress_path)
-        before = st.records if st else 0
+            return TailRead(ReadStatus.REFUSED)
         try:
-            out += self.tail.poll(job, facts.progress_path, uid=facts.uid, max_nodes=facts.max_nodes)
+            r = self.tail.read(job, facts.progress_path, uid=facts.uid, max_nodes=facts.max_nodes, cap=cap,
+                               max_lines=max_lines)
         except Exception:   # one job's data must never stop the others (SECURITY.md)
             self.tail.counters.by_job[job] += 1
             log.exception("job %s: progress file %s could not be processed", job, facts.progress_path,
                           extra={"job": job, "reason": "progress error"})
-            return 0
+            return TailRead(ReadStatus.REFUSED)
+        out += r.samples
         st = self.tail.files.get(facts.progress_path)
         if st is not None and st.new_runs:
             self._measure(job, facts, st)
-        return (st.records if st else 0) - before
+        return r
 
-    def _final(self, job: str, facts: JobFacts, out: list[Sample]) -> bool | None | _Unread:
-        """Read an ended job's file to its end (at most 64 reads): True when its last run ended
-        ``done``; :data:`_UNREAD` when this cycle's read budget ran out first (go on next cycle)."""
-        if not facts.progress_path or facts.uid is None:
-            self._drop(job)
-            return None
-        for _ in range(64):
-            self._read(job, facts, out)
-            st = self.tail.files.get(facts.progress_path)
-            if st is None or st.eof or not os.path.lexists(facts.progress_path):
-                break
-            if self.tail.budget is not None and self.tail.budget <= 0:
-                return _UNREAD
-        st = self.tail.files.get(facts.progress_path)
-        done = bool(st and st.done)
+    def _final(self, job: str, facts: JobFacts, out: list[Sample], cap: int, used: dict[str, _Used]) -> None:
+        """Read an ended job's file on (up to ``cap`` bytes this cycle) and judge it once a read
+        reached the end of the file: :attr:`final` is True when its last run ended ``done``,
+        False when it did not or there is no file, None when there is no file to trust (none
+        named, or refused).  A read that did not happen (budget) or stopped short judges nothing."""
+        verdict: bool | None = None
+        if facts.progress_path:
+            u = used.setdefault(job, _Used())
+            while True:
+                if u.reads >= ENDED_READS or u.bytes >= cap:
+                    return                  # go on next cycle
+                r = self._read(job, facts, out, cap - u.bytes)
+                if r.status is ReadStatus.DEFERRED:
+                    return
+                if r.status is ReadStatus.MISSING:
+                    verdict = False
+                    break
+                if r.status is ReadStatus.REFUSED:
+                    verdict = None
+                    break
+                u.reads += 1
+                u.bytes += r.consumed
+                if r.eof:
+                    st = self.tail.files.get(facts.progress_path)
+                    verdict = bool(st and st.done)
+                    break
+                if not r.consumed:
+                    return                  # an unfinished line within the cap: next cycle
+        self.final[job] = verdict
         self._drop(job)
-        return done
 
     def _drop(self, job: str) -> None:
         path = self._paths.pop(job, None)
@@ -418,6 +551,24 @@ class ProgressSource:
             if offsets != self._saved:     # offsets moved: persist them
                 self.journal.put("tails", offsets)
                 self._saved = offsets
+
+
+@dataclass
+class _Used:
+    """What one job's file gave in this cycle's reading."""
+
+    bytes: int = 0
+    lines: int = 0
+    reads: int = 0
+    settled: bool = False      # read to its end, missing or refused: nothing more this cycle
+
+
+def _turns(group: list, turn: int) -> list:
+    """``group`` rotated by ``turn``: who reads first changes every cycle."""
+    if not group:
+        return group
+    k = turn % len(group)
+    return group[k:] + group[:k]
 
 
 class SampleJournal(Protocol):
