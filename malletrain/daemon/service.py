@@ -8,9 +8,11 @@ a Unix socket; ``python-systemd`` needs libsystemd headers to build).
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import selectors
 import socket
 import threading
 import time
@@ -112,7 +114,9 @@ class DaemonMetrics:
                                     "1 when the state store takes writes; 0: read-only, nothing is applied",
                                     registry=r)
         self.metrics_rejected = Counter("malletrain_metrics_connections_rejected_total",
-                                        "Metrics connections closed at once: all slots busy", registry=r)
+                                        "Metrics connections closed unanswered: all slots taken (the oldest "
+                                        "of the busiest client went), too slow, or an oversized request",
+                                        registry=r)
         self._seen: dict[str, float] = {}
 
     def advance(self, name: str, total: float) -> None:
@@ -129,51 +133,216 @@ class DaemonMetrics:
 
 
 def serve_metrics(metrics: DaemonMetrics, host: str, port: int, *, max_connections: int = 8,
-                  timeout_s: float = 5.0) -> Any:
+                  timeout_s: float = 5.0, max_request_bytes: int = 8192) -> MetricsServer:
     """Serve ``/metrics`` on host:port from a daemon thread; returns the server (``shutdown()``).
 
-    prometheus-client's handler behind a bounded server: at most ``max_connections``
-    at once (more are closed at once and counted), each with a ``timeout_s`` socket
-    timeout, so idle or slow clients cannot exhaust the daemon's threads or files.
+    prometheus-client's handler answers each request, behind a server that no slow client
+    can hold (:class:`MetricsServer`).
     """
-    from http.server import ThreadingHTTPServer
-
-    from prometheus_client import MetricsHandler
-
-    class Handler(MetricsHandler.factory(metrics.registry)):  # type: ignore[misc]
-        timeout = timeout_s
-
-        def log_message(self, format: str, *args: Any) -> None:   # no stderr line per scrape
-            pass
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        request_queue_size = max_connections
-
-        def __init__(self) -> None:
-            self.slots = threading.BoundedSemaphore(max_connections)
-            super().__init__((host, port), Handler)
-
-        def process_request(self, request: Any, client_address: Any) -> None:
-            if not self.slots.acquire(blocking=False):
-                metrics.metrics_rejected.inc()
-                self.shutdown_request(request)
-                return
-            try:
-                super().process_request(request, client_address)
-            except Exception:
-                self.slots.release()
-                raise
-
-        def process_request_thread(self, request: Any, client_address: Any) -> None:
-            try:
-                super().process_request_thread(request, client_address)
-            finally:
-                self.slots.release()
-
-    server = Server()
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    server = MetricsServer(metrics, host, port, max_connections=max_connections,
+                           timeout_s=timeout_s, max_request_bytes=max_request_bytes)
+    server.start()
     return server
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "since", "inbuf", "out")
+
+    def __init__(self, sock: socket.socket, peer: str, since: float) -> None:
+        self.sock, self.peer, self.since = sock, peer, since
+        self.inbuf = bytearray()
+        self.out: memoryview | None = None
+
+
+class MetricsServer:
+    """An HTTP/1.0 ``/metrics`` endpoint that slow clients cannot blind.
+
+    One thread multiplexes every connection (non-blocking sockets, ``selectors``), so a
+    client that trickles its request (a byte every few seconds) or reads the answer
+    slowly holds no thread and no slot that others wait for:
+
+    * each connection has ``timeout_s`` in all, from accept to the last byte of the
+      answer (a deadline, not a per-read timeout that every trickled byte renews);
+    * a request (line and headers) is at most ``max_request_bytes``;
+    * at most ``max_connections`` are open at once; a new one always gets in: the oldest
+      connection of the client address holding the most is closed to make room (a
+      scrape from elsewhere never waits behind one address's connections, and one from
+      the same address displaces that address's stale ones).
+
+    Connections closed unanswered are counted in ``malletrain_metrics_connections_rejected_total``.
+    The complete request is answered by prometheus-client's ``MetricsHandler`` (content
+    negotiation, gzip, ``name[]`` filters) on in-memory files.
+    """
+
+    def __init__(self, metrics: DaemonMetrics, host: str, port: int, *, max_connections: int = 8,
+                 timeout_s: float = 5.0, max_request_bytes: int = 8192) -> None:
+        from prometheus_client import MetricsHandler
+        if max_connections < 1 or not timeout_s > 0 or max_request_bytes < 64:
+            raise ValueError("max_connections >= 1, timeout_s > 0, max_request_bytes >= 64")
+        self.metrics = metrics
+        self.max_connections, self.timeout_s = max_connections, timeout_s
+        self.max_request_bytes = max_request_bytes
+        self.handler = MetricsHandler.factory(metrics.registry)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind((host, port))
+            self.socket.listen(max(8, max_connections))
+            self.socket.setblocking(False)
+        except OSError:
+            self.socket.close()
+            raise
+        self.server_address = self.socket.getsockname()[:2]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.socket, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.answered = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._serve, name="metrics", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop serving and close every connection (and the listening socket)."""
+        self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self.server_close()
+
+    def server_close(self) -> None:
+        if self._closed or (self._thread is not None and self._thread.is_alive()):
+            return                              # the serving thread closes them when it stops
+        self._closed = True
+        for conn in list(self._conns.values()):
+            self._drop(conn, counted=False)
+        for s in (self.socket, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()
+
+    # ---- the loop --------------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                due = min((c.since + self.timeout_s for c in self._conns.values()), default=now + 1.0)
+                for key, mask in self._sel.select(max(0.01, min(1.0, due - now))):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        return
+                    else:
+                        live: _Conn = key.data
+                        if self._conns.get(live.sock) is not live:    # dropped earlier this turn
+                            continue
+                        if mask & selectors.EVENT_READ:
+                            self._read(live)
+                        elif mask & selectors.EVENT_WRITE:
+                            self._write(live)
+                now = time.monotonic()
+                for conn in [c for c in self._conns.values() if now - c.since >= self.timeout_s]:
+                    self._drop(conn)
+        except Exception:   # noqa: BLE001 - the endpoint must not take the daemon down
+            logging.getLogger("malletrain.daemon").exception("metrics endpoint stopped")
+        finally:
+            for conn in list(self._conns.values()):
+                self._drop(conn, counted=False)
+
+    def _accept(self) -> None:
+        for _ in range(4 * self.max_connections):       # drain the backlog, bounded per turn
+            try:
+                sock, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:     # EMFILE and friends: try again next turn
+                return
+            sock.setblocking(False)
+            if len(self._conns) >= self.max_connections:
+                self._drop(self._victim())
+            conn = _Conn(sock, str(addr[0]), time.monotonic())
+            self._conns[sock] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _victim(self) -> _Conn:
+        """The oldest connection of the address that holds the most (ties: the older one)."""
+        by_peer: dict[str, list[_Conn]] = {}
+        for c in self._conns.values():
+            by_peer.setdefault(c.peer, []).append(c)
+        conns = max(by_peer.values(), key=lambda cs: (len(cs), -min(c.since for c in cs)))
+        return min(conns, key=lambda c: c.since)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not data:
+            self._drop(conn)
+            return
+        conn.inbuf += data
+        end = conn.inbuf.find(b"\r\n\r\n")
+        if end < 0:
+            end = conn.inbuf.find(b"\n\n")
+        if end < 0:
+            if len(conn.inbuf) > self.max_request_bytes:
+                self._drop(conn)
+            return
+        if end > self.max_request_bytes:
+            self._drop(conn)
+            return
+        try:
+            conn.out = memoryview(self._answer(bytes(conn.inbuf), conn.peer))
+        except Exception:   # noqa: BLE001 - one bad answer closes one connection, not the endpoint
+            logging.getLogger("malletrain.daemon").exception("metrics: cannot answer a request")
+            self._drop(conn)
+            return
+        self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+
+    def _answer(self, request: bytes, peer: str) -> bytes:
+        handler: Any = object.__new__(self.handler)     # no socket: in-memory files instead
+        handler.rfile, handler.wfile = io.BytesIO(request), io.BytesIO()
+        handler.client_address, handler.server, handler.request = (peer, 0), self, None
+        handler.close_connection = True
+        handler.handle_one_request()
+        return handler.wfile.getvalue()
+
+    def _write(self, conn: _Conn) -> None:
+        assert conn.out is not None
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        conn.out = conn.out[sent:]
+        if not len(conn.out):
+            self.answered += 1
+            self._drop(conn, counted=False)
+
+    def _drop(self, conn: _Conn, *, counted: bool = True) -> None:
+        if self._conns.pop(conn.sock, None) is None:
+            return
+        if counted:
+            self.metrics.metrics_rejected.inc()
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
 
 
 # ---------------------------------------------------------------- systemd
