@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import os
 import pwd
+import queue
 import stat
-from collections.abc import Sequence
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import TypeVar
 
 
 class Refused(Exception):
@@ -110,3 +115,134 @@ def _check_file(info: os.stat_result, uid: int) -> None:
         raise Refused(f"owned by uid {info.st_uid}, not by the job's owner (uid {uid})")
     if not info.st_mode & stat.S_IRUSR:
         raise Refused("not readable by its owner")
+
+
+# ------------------------------------------------------------------ user-path I/O with a deadline
+
+class TimedOut(Exception):
+    """A user-path operation did not return within its deadline (a hung NFS, FUSE or autofs
+    mount); it goes on in its worker thread, which is abandoned."""
+
+
+class Hanging(Exception):
+    """A user-path operation not started: an earlier one on the same path still hangs (or
+    timed out moments ago), its owner has too many hanging, or too many hang overall."""
+
+
+T = TypeVar("T")
+
+
+class _Task:
+    __slots__ = ("fn", "done", "finished", "abandoned", "result", "error", "key", "owner")
+
+    def __init__(self, fn: Callable[[], object], key: str, owner: int) -> None:
+        self.fn, self.key, self.owner = fn, key, owner
+        self.done = threading.Event()
+        self.finished = self.abandoned = False
+        self.result: object = None
+        self.error: BaseException | None = None
+
+
+class PathWorkers:
+    """Runs operations on user-named paths (``lstat``, ``open``, ``read``) in a worker thread and
+    waits for each at most its deadline, so a path whose file system hangs cannot block the
+    daemon's loop.
+
+    A call that runs past its deadline raises :class:`TimedOut`; its worker is abandoned (a
+    thread stuck in the kernel cannot be killed: it ends by itself if the call ever returns, its
+    result thrown away) and the next call gets a fresh worker.  While an abandoned call on a
+    path still hangs, and for ``retry_after_s`` (doubling per timeout, at most
+    ``max_retry_after_s``) after it timed out, that path is not tried again (:class:`Hanging`):
+    one stuck thread per path at most, no retry every cycle.  Stuck threads are bounded: at most
+    ``max_stuck_per_owner`` per owner (one user's hanging mount cannot take the others' reads)
+    and ``max_stuck`` in all; beyond, calls are not started (:class:`Hanging`) until some
+    return.  So the daemon holds at most ``max_stuck + 1`` of these threads.
+    """
+
+    def __init__(self, *, max_stuck: int = 16, max_stuck_per_owner: int = 2, retry_after_s: float = 30.0,
+                 max_retry_after_s: float = 480.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_stuck = max_stuck
+        self.max_stuck_per_owner = max_stuck_per_owner
+        self.retry_after_s = retry_after_s
+        self.max_retry_after_s = max_retry_after_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Task] | None = None     # the current worker's
+        self._stuck: dict[str, int] = {}                        # path -> owner, of abandoned calls
+        self._owners: Counter[int] = Counter()                   # owner -> abandoned calls
+        self._later: dict[str, tuple[float, int]] = {}          # path -> (retry after, timeouts)
+        self.timed_out = 0       # calls that ran past their deadline
+        self.not_started = 0     # calls not started (Hanging)
+
+    @property
+    def stuck(self) -> int:
+        """Abandoned calls still running (threads stuck, most likely in the kernel)."""
+        with self._lock:
+            return len(self._stuck)
+
+    def call(self, key: str, owner: int, fn: Callable[[], T], timeout_s: float) -> T:
+        """``fn()`` (which touches only ``key``, a path of ``owner``), run in the worker; its
+        result, or its exception, or :class:`TimedOut` / :class:`Hanging`."""
+        with self._lock:
+            why = self._refusal(key, owner)
+            if why:
+                self.not_started += 1
+                raise Hanging(why)
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._work, args=(self._queue,), name="malletrain-path-io",
+                                 daemon=True).start()
+            q = self._queue
+        task = _Task(fn, key, owner)
+        q.put(task)
+        if not task.done.wait(max(0.0, timeout_s)):
+            with self._lock:
+                if not task.finished:
+                    task.abandoned = True
+                    self._queue = None              # this worker is stuck: the next call gets another
+                    self._stuck[key] = owner
+                    self._owners[owner] += 1
+                    _, n = self._later.get(key, (0.0, 0))
+                    self._later[key] = (self.clock() + min(self.max_retry_after_s, self.retry_after_s * 2 ** n),
+                                        n + 1)
+                    while len(self._later) > MAX_LATER:
+                        del self._later[next(iter(self._later))]
+                    self.timed_out += 1             # (its worker ends once the stuck call returns)
+                    raise TimedOut(f"no answer within {timeout_s:.3g}s")
+        if task.error is not None:
+            raise task.error
+        with self._lock:
+            self._later.pop(key, None)              # it answered: no back-off any more
+        return task.result  # type: ignore[return-value]
+
+    def _refusal(self, key: str, owner: int) -> str:
+        if key in self._stuck:
+            return "an earlier read of this path still hangs"
+        later = self._later.get(key)
+        if later is not None and self.clock() < later[0]:
+            return "it did not answer in time; tried again later"
+        if self._owners[owner] >= self.max_stuck_per_owner:
+            return f"{self._owners[owner]} reads of this owner's paths hang"
+        if len(self._stuck) >= self.max_stuck:
+            return f"{len(self._stuck)} reads of user paths hang"
+        return ""
+
+    def _work(self, q: queue.SimpleQueue[_Task]) -> None:
+        while True:
+            task = q.get()
+            try:
+                task.result = task.fn()
+            except BaseException as exc:   # handed to the caller (or thrown away if it gave up)
+                task.error = exc
+            with self._lock:
+                task.finished = True
+                if task.abandoned:             # the caller gave up on it: this thread ends here
+                    self._stuck.pop(task.key, None)
+                    self._owners[task.owner] -= 1
+                    if self._owners[task.owner] <= 0:
+                        del self._owners[task.owner]
+                    return
+            task.done.set()
+
+
+MAX_LATER = 10_000      # paths remembered as slow (the oldest forgotten first)

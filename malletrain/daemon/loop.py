@@ -27,6 +27,7 @@ from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
 from malletrain.core.forecast import ForecastSource
+from malletrain.daemon.files import PathWorkers
 from malletrain.daemon.outcomes import Ledger
 from malletrain.daemon.progress import ProgressSource, ProgressTail
 from malletrain.daemon.recovery import GIVE_UP, Ended, Recovery, RecoveryConfig, Running
@@ -109,10 +110,12 @@ class Daemon:
         self.store = Store(os.path.join(dc.state_dir, "state.db"), samples_kept=dc.samples_kept)
         self.runner = runner or make_runner(self.config)
         self.tail = ProgressTail(max_line_bytes=dc.max_line_bytes, max_records=dc.max_records_per_job,
-                                 max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots)
+                                 max_samples_per_s=dc.max_samples_per_s, roots=dc.progress_roots,
+                                 io=PathWorkers(), read_timeout_s=dc.progress_read_timeout_s)
         self.tail.load(self.store.get("tails", {}))
         self.progress = ProgressSource(self.tail, self.store, max_bytes_per_cycle=dc.max_progress_bytes_per_cycle,
-                                       max_pause_s=dc.max_rescale_pause_s)
+                                       max_pause_s=dc.max_rescale_pause_s,
+                                       cycle_timeout_s=dc.progress_cycle_timeout_s)
         books = self.store.books()
         self.backend = SlurmBackend(self.runner, self.config.slurm, dc, clock=clock,
                                     save_book=self._save_book, books=books)

@@ -40,13 +40,14 @@ import json
 import logging
 import os
 import stat
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from malletrain.core.backend import JobFacts, Observation
-from malletrain.daemon.files import Refused, open_as_owner
+from malletrain.daemon.files import Hanging, PathWorkers, Refused, TimedOut, open_as_owner
 from malletrain.domain.model import PauseSample, Sample
 
 log = logging.getLogger("malletrain.progress")
@@ -63,7 +64,9 @@ class ReadStatus(enum.Enum):
     READ = "read"            # the file was opened and read (perhaps nothing new)
     MISSING = "missing"      # there is no file at the path
     REFUSED = "refused"      # not a file its owner could read (files.py), or an error reading it
-    DEFERRED = "deferred"    # not tried: this cycle's byte budget is spent (the file waits its turn)
+    DEFERRED = "deferred"    # not tried: this cycle's byte budget or time is spent (the file waits its turn)
+    TIMED_OUT = "timed out"  # the file system did not answer in time (the read goes on, abandoned)
+    HANGING = "hanging"      # not tried: an earlier read of the path still hangs, or timed out lately
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class TailCounters:
     oversized: int = 0
     samples: int = 0
     refused: int = 0      # files not opened: not the owner's, a symlink, a FIFO, outside the roots
+    timed_out: int = 0    # reads that did not answer within read_timeout_s (hung NFS, FUSE, autofs)
+    hanging: int = 0      # reads not tried: the path (or too many paths) still hangs
     by_job: Counter = field(default_factory=Counter)   # skipped lines and refusals per job
 
 
@@ -134,13 +139,20 @@ def _number(value: object, lo: float, hi: float, *, integer: bool = False) -> fl
 class ProgressTail:
     def __init__(self, *, max_line_bytes: int = 4096, max_read_bytes: int = 1 << 20,
                  max_records: int = 1000, max_samples_per_s: float = 1e9,
-                 roots: Sequence[str] = ("/",)) -> None:
+                 roots: Sequence[str] = ("/",), io: PathWorkers | None = None,
+                 read_timeout_s: float = 2.0) -> None:
         self.max_line_bytes = max_line_bytes
         self.max_read_bytes = max_read_bytes
         self.max_records = max_records
         self.max_samples_per_s = max_samples_per_s
         self.roots = tuple(roots)
         self.budget: int | None = None         # bytes left to read this cycle (None: no limit)
+        # With ``io``, every open and read of a user's path runs in its worker, at most
+        # ``read_timeout_s`` each and until ``deadline`` (time.monotonic) in all; without, inline
+        # (for callers reading their own files).
+        self.io = io
+        self.read_timeout_s = read_timeout_s
+        self.deadline: float | None = None
         self.files: dict[str, TailState] = {}
         self.counters = TailCounters()
         self._refused: dict[str, str] = {}     # path -> last reason logged
@@ -173,7 +185,25 @@ class ProgressTail:
             return TailRead(ReadStatus.DEFERRED)
         st = self.files.get(path) or TailState()
         try:
-            got = self.fetch(path, uid, st.offset, st.inode, want, lines)
+            if self.io is None:
+                got = self.fetch(path, uid, st.offset, st.inode, want, lines)
+            else:
+                timeout = self.read_timeout_s
+                if self.deadline is not None:
+                    timeout = min(timeout, self.deadline - time.monotonic())
+                    if timeout <= 0:
+                        return TailRead(ReadStatus.DEFERRED)     # this cycle's time for reading is spent
+                offset, inode = st.offset, st.inode
+                got = self.io.call(path, -1 if uid is None else uid,
+                                   lambda: self.fetch(path, uid, offset, inode, want, lines), timeout)
+        except TimedOut as exc:
+            self.counters.timed_out += 1
+            self.counters.by_job[job_id] += 1
+            self._say(job_id, path, f"{exc}; not read again while that read hangs, nor for a while after")
+            return TailRead(ReadStatus.TIMED_OUT)
+        except Hanging:
+            self.counters.hanging += 1
+            return TailRead(ReadStatus.HANGING)
         except FileNotFoundError:
             return TailRead(ReadStatus.MISSING)
         except Refused as exc:
@@ -280,6 +310,9 @@ class ProgressTail:
     def _refuse(self, job_id: str, path: str, why: str) -> None:
         self.counters.refused += 1
         self.counters.by_job[job_id] += 1
+        self._say(job_id, path, why)
+
+    def _say(self, job_id: str, path: str, why: str) -> None:
         if self._refused.get(path) != why:      # say it once per file and reason
             self._refused[path] = why
             log.warning("job %s: not reading progress file %s: %s", job_id, path, why,
@@ -356,10 +389,12 @@ class ProgressSource:
     """
 
     def __init__(self, tail: ProgressTail, journal: SampleJournal | None = None, *,
-                 max_bytes_per_cycle: int | None = None, max_pause_s: float = 3600.0) -> None:
+                 max_bytes_per_cycle: int | None = None, max_pause_s: float = 3600.0,
+                 cycle_timeout_s: float | None = None) -> None:
         self.tail = tail
         self.journal = journal
         self.max_bytes_per_cycle = max_bytes_per_cycle
+        self.cycle_timeout_s = cycle_timeout_s       # all reading of one cycle (with the tail's io)
         self._turn = 0                               # where this cycle's reading of idle jobs starts
         self.latest: dict[str, Sample] = {}
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
@@ -442,6 +477,8 @@ class ProgressSource:
         running, ended, idle = (_turns(group, self._turn) for group in (running, ended, idle))
         budget = self.max_bytes_per_cycle
         self.tail.budget = budget
+        if self.cycle_timeout_s is not None:
+            self.tail.deadline = time.monotonic() + self.cycle_timeout_s
         ended_cap = ENDED_READS * self.tail.max_read_bytes
         used: dict[str, _Used] = {}     # what each job's file gave this cycle
         if budget is None:
@@ -463,7 +500,7 @@ class ProgressSource:
             for job, facts in idle:
                 self._live(job, facts, out, self.tail.max_read_bytes, used)
         finally:
-            self.tail.budget = None
+            self.tail.budget = self.tail.deadline = None
         for s in out:
             self.latest[s.job_id] = s
         self._persist(out)
@@ -518,8 +555,8 @@ class ProgressSource:
                 if u.reads >= ENDED_READS or u.bytes >= cap:
                     return                  # go on next cycle
                 r = self._read(job, facts, out, cap - u.bytes)
-                if r.status is ReadStatus.DEFERRED:
-                    return
+                if r.status in (ReadStatus.DEFERRED, ReadStatus.TIMED_OUT, ReadStatus.HANGING):
+                    return                  # not read: no verdict (go on next cycle)
                 if r.status is ReadStatus.MISSING:
                     verdict = False
                     break

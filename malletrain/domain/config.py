@@ -203,6 +203,8 @@ class DaemonConfig:
     max_samples_per_s: float = 1e9   # a progress rate above this is not physical: the record is skipped
     max_records_per_job: int = 1000  # progress records read per job per cycle (the rest wait)
     max_progress_bytes_per_cycle: int = 64 << 20   # progress bytes read per cycle over all jobs
+    progress_read_timeout_s: float = 2.0   # one open+read of a progress file (a hung mount is skipped after)
+    progress_cycle_timeout_s: float = 5.0  # all progress reading of one cycle (the rest waits its turn)
     max_tag_reads: int = 50          # new jobs whose tag is read per cycle (fair across users)
     samples_kept: int = 2000         # JPA samples kept per job (oldest age out)
     # --- the safety net (nothing lost) and fault tolerance ---
@@ -221,7 +223,7 @@ class DaemonConfig:
         if not self.interval_s >= 0.1:
             raise ConfigError("must be >= 0.1 s", path=where, field="interval_s")
         for name in ("max_samples_per_s", "max_records_per_job", "max_progress_bytes_per_cycle", "max_tag_reads",
-                     "samples_kept",
+                     "samples_kept", "progress_read_timeout_s", "progress_cycle_timeout_s",
                      "hang_floor_s", "hang_factor", "node_strikes", "node_cooldown_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError("must be > 0", path=where, field=name)
@@ -234,7 +236,8 @@ class DaemonConfig:
         if self.vacate_lead_s < 0:
             raise ConfigError("must be >= 0", path=where, field="vacate_lead_s")
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s", "vacate_lead_s", "retry_backoff_s",
-                     "hang_floor_s", "node_cooldown_s", "max_rescale_pause_s"):
+                     "hang_floor_s", "node_cooldown_s", "max_rescale_pause_s", "progress_read_timeout_s",
+                     "progress_cycle_timeout_s"):
             if not getattr(self, name) <= MAX_SECONDS:   # the loop sleeps and waits this long
                 raise ConfigError(f"must be <= {MAX_SECONDS:g} s", path=where, field=name)
         if not 0 <= self.max_excluded_share <= 1:
