@@ -49,6 +49,9 @@ class RuntimeConfig:
             problems.append(("threads", "must be >= 1"))
         if not self.grace_s > 0:
             problems.append(("grace_s", "must be > 0"))
+        if not 0 < self.collective_timeout_s < 1e7:
+            problems.append(("collective_timeout_s", "must be > 0 seconds (the rendezvous and "
+                                                     "every collective wait at most this long)"))
         if isinstance(self.mapping, str) and self.mapping not in MAPPINGS:
             problems.append(("mapping", f"must be one of {', '.join(MAPPINGS)} or a list of lists"))
         if problems:
@@ -65,15 +68,20 @@ class RuntimeConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs) -> RuntimeConfig:
-        """Settings from keyword arguments, with what the sbatch template exports
-        (``MALLETRAIN_METRICS``, ``MALLETRAIN_GRACE_S``, ``MALLETRAIN_CHECKPOINT_DIR``)
-        filling the ones not given."""
+        """Settings from keyword arguments, with environment variables filling the ones not
+        given: ``MALLETRAIN_METRICS`` and ``MALLETRAIN_GRACE_S`` (the sbatch template exports
+        them), ``MALLETRAIN_CHECKPOINT_DIR`` and ``MALLETRAIN_COLLECTIVE_TIMEOUT_S``."""
         env = os.environ if env is None else env
         reject_unknown(kwargs, sorted(f.name for f in fields(cls)), None, what="runtime setting")
         if "metrics_path" not in kwargs and env.get("MALLETRAIN_METRICS"):
             kwargs["metrics_path"] = env["MALLETRAIN_METRICS"]
-        if "grace_s" not in kwargs and env.get("MALLETRAIN_GRACE_S"):
-            kwargs["grace_s"] = float(env["MALLETRAIN_GRACE_S"])
+        for key, var in (("grace_s", "MALLETRAIN_GRACE_S"),
+                         ("collective_timeout_s", "MALLETRAIN_COLLECTIVE_TIMEOUT_S")):
+            if key not in kwargs and env.get(var):
+                try:
+                    kwargs[key] = float(env[var])
+                except ValueError:
+                    raise ConfigError(f"environment variable {var} is not a number", field=key) from None
         if "checkpoint_dir" not in kwargs:
             if not env.get("MALLETRAIN_CHECKPOINT_DIR"):
                 raise ConfigError("no checkpoint directory: pass checkpoint_dir or set "

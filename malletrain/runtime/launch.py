@@ -15,6 +15,9 @@ mpirun     ``OMPI_COMM_WORLD_*``, ``PMI_*``, ``PMIX_*``  ``MASTER_ADDR``, else r
 none       rank 0 of 1                                  127.0.0.1
 =========  ==========================================  =============================
 
+Rank 0's host name goes over MPI as raw bytes (bounded, checked), never pickled.
+The rendezvous itself is authenticated (:mod:`malletrain.runtime.rendezvous`).
+
 Without ``MASTER_PORT`` the port is derived from the Slurm job id and restart
 count, so two jobs sharing a node (or a job's next run while the last one's
 socket lingers) do not collide.  A Slurm *batch* step (no ``srun``) is one
@@ -23,6 +26,7 @@ process: ``SLURM_PROCID`` alone does not make a multi-process launch.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 from malletrain.domain.errors import InputError
 
 PORT_BASE, PORT_SPAN = 20000, 20000
+HOST_MAX = 255                       # a host name, as rank 0 broadcasts it over MPI
+HOST = re.compile(r"^[A-Za-z0-9._:-]{1,255}$")
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,14 @@ def mpi_master_addr() -> str | None:
     except (ImportError, RuntimeError, OSError):   # no mpi4py, or no MPI library behind it
         return None
     comm = MPI.COMM_WORLD
-    return comm.bcast(socket.gethostname() if comm.Get_rank() == 0 else None, root=0)
+    # raw bytes, never comm.bcast (which pickles): no rank unpickles what another sends
+    buf = bytearray(HOST_MAX + 1)
+    if comm.Get_rank() == 0:
+        name = socket.gethostname().encode("utf-8")[:HOST_MAX]
+        buf[0], buf[1:1 + len(name)] = len(name), name
+    comm.Bcast([buf, MPI.BYTE], root=0)
+    host = bytes(buf[1:1 + buf[0]]).decode("utf-8", "replace")
+    return host if HOST.match(host) else None
 
 
 def discover_process() -> DistInfo:

@@ -45,6 +45,7 @@ from malletrain.runtime.checkpoint import CheckpointStore
 from malletrain.runtime.config import RuntimeConfig
 from malletrain.runtime.launch import DistInfo, discover_process
 from malletrain.runtime.metrics import MetricsWriter
+from malletrain.runtime.rendezvous import RendezvousError, handshake
 from malletrain.runtime.signals import StopRequest
 
 log = logging.getLogger("malletrain.runtime")
@@ -109,13 +110,31 @@ class Runtime:
 
     # ---- setup -------------------------------------------------------------------------
     def _init_group(self) -> None:
-
+        """The process group, after the authenticated handshake (:mod:`.rendezvous`): every
+        rank proves it read this run's private key before anything it sends is used."""
         t0 = time.perf_counter()
-        dist.init_process_group(
-            self.backend, init_method=f"tcp://{self.info.master_addr}:{self.info.master_port}",
-            rank=self.info.rank, world_size=self.info.world,
-            timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s))
+        timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
+        where = f"{self.info.master_addr}:{self.info.master_port}"
+        try:
+            self._store = dist.TCPStore(self.info.master_addr, self.info.master_port,
+                                        world_size=self.info.world, is_master=self.info.rank == 0,
+                                        timeout=timeout, wait_for_workers=False)
+        except Exception as exc:   # noqa: BLE001 - c10d's errors: port taken, host unreachable
+            raise RendezvousError(f"rendezvous store at {where}: {str(exc)[:300]}") from None
+        proof = handshake(self._store, self.info.rank, self.info.world, self.cfg.checkpoint_dir,
+                          self.cfg.collective_timeout_s)
+        dist.init_process_group(self.backend, store=dist.PrefixStore(proof.prefix, self._store),
+                                rank=self.info.rank, world_size=self.info.world, timeout=timeout)
         self.pg = dist.group.WORLD
+        mine = torch.tensor(list(proof.peer_token(self.info.rank)), dtype=torch.uint8, device=self.device)
+        rows = [torch.empty_like(mine) for _ in range(self.info.world)]
+        dist.all_gather(rows, mine)
+        for r, row in enumerate(rows):
+            if bytes(row.cpu().tolist()) != proof.peer_token(r):
+                dist.destroy_process_group()
+                self.pg = None
+                raise RendezvousError(f"rendezvous: the process connected as rank {r} does not know "
+                                      "this run's key: refusing to train with it")
         self.timings["init_group_s"] = time.perf_counter() - t0
 
     def prepare(self, model, optimizer, scheduler=None, *, data) -> Runtime:
@@ -367,9 +386,7 @@ class Runtime:
         """Everything needed to continue exactly (gathers the workers' RNG states: collective)."""
         rng = {w: _cpu_rng(s) for w, s in self.rng.items()} if self.cfg.mode == "consistency" else {}
         if self.pg is not None and rng:
-            parts: list[Any] = [None] * self.info.world
-            dist.all_gather_object(parts, rng)
-            rng = {w: s for part in parts for w, s in part.items()}
+            rng = self._gather_rng(rng)
         return {
             "format": 1, "step": self.step, "samples": self.samples, "mode": self.cfg.mode,
             "logical_workers": self.cfg.logical_workers, "micro_batch": self.cfg.micro_batch,
@@ -378,6 +395,26 @@ class Runtime:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "rng": rng, "extra": dict(self.cfg.extra),
         }
+
+    def _gather_rng(self, rng: dict) -> dict:
+        """Every worker's RNG state from the rank that owns it: raw bytes in one uint8 tensor
+        (never a pickled object: a peer's data is not unpickled).  Which row is which worker
+        follows from the mapping every rank knows; the row layout from this rank's own states."""
+        first = rng[self.mine[0]]
+        keys = sorted(first)
+        sizes = [first[k].numel() for k in keys]
+        width = max(len(ws) for ws in self.owned)
+        mine = torch.zeros(width, sum(sizes), dtype=torch.uint8, device=self.device)
+        for i, w in enumerate(self.mine):
+            mine[i] = torch.cat([rng[w][k].reshape(-1).to(torch.uint8) for k in keys]).to(self.device)
+        rows = [torch.empty_like(mine) for _ in range(self.info.world)]
+        dist.all_gather(rows, mine)
+        out = {}
+        for r, ws in enumerate(self.owned):
+            got = rows[r].cpu()
+            for i, w in enumerate(ws):
+                out[w] = dict(zip(keys, (part.clone() for part in got[i].split(sizes))))
+        return out
 
     def checkpoint(self) -> None:
         """Write a checkpoint of the current step (all processes call it; rank 0 writes)."""
