@@ -7,11 +7,18 @@ file is opened only if the owner could have read it themselves:
 * every directory on the way is opened with ``O_NOFOLLOW`` relative to its
   parent (no symlink anywhere in the path is followed) and must be
   searchable by the owner (mode bits for the owner's uid and groups);
-* the file itself must be a regular file, owned by the owner and readable by
-  them, as ``lstat`` relative to its directory says *before* it is opened (a
-  file that is not the owner's is never opened); it is then opened
-  ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO swapped in cannot block the loop) and
-  must be the same file (device, inode) with the same properties.
+* only the owner (or root) can have put the file there: the configured root
+  it lies below and every directory below that must be owned by the owner or
+  root and not writable by group or others, unless sticky (``/tmp``: then
+  only the owner of an entry can rename or remove it, and every entry on the
+  path is the owner's or root's);
+* the file itself must be a regular file, owned by the owner, readable by
+  them and writable by nobody else (no group or other write bit; a POSIX ACL
+  granting anyone write shows as the group write bit), as ``lstat``
+  relative to its directory says *before* it is opened (a file that is not
+  the owner's is never opened); it is then opened ``O_NOFOLLOW | O_NONBLOCK``
+  (a FIFO swapped in cannot block the loop) and must be the same file
+  (device, inode) with the same properties.
 
 Anything else raises :class:`Refused` with the reason; the caller logs it
 and counts it for that job.
@@ -63,14 +70,35 @@ def _allowed(info: os.stat_result, uid: int, groups: frozenset[int], bits: tuple
 
 
 def under_roots(path: str, roots: Sequence[str]) -> bool:
+    return _root_depth(path, roots) is not None
+
+
+def _root_depth(path: str, roots: Sequence[str]) -> int | None:
+    """How many path components the deepest configured root ``path`` lies below has (0 for
+    ``/``); None when ``path`` is not absolute and normalised below one."""
     if not path.startswith("/") or os.path.normpath(path) != path:
-        return False
-    return any(root == "/" or path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+        return None
+    depths = [len([c for c in root.split("/") if c]) for root in roots
+              if root == "/" or path == root or path.startswith(root.rstrip("/") + "/")]
+    return max(depths) if depths else None
+
+
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _shared_dir(info: os.stat_result, uid: int) -> str:
+    """Why someone other than ``uid`` (or root) could replace what this directory holds; ''."""
+    if info.st_uid not in (uid, 0):
+        return f"is owned by uid {info.st_uid}, who could replace what it holds"
+    if info.st_mode & _OTHERS_WRITE and not info.st_mode & stat.S_ISVTX:
+        return "is writable by others than its owner (and not sticky): they could replace what it holds"
+    return ""
 
 
 def open_as_owner(path: str, uid: int, roots: Sequence[str]) -> int:
     """A read-only descriptor of ``path``, opened as described above (the caller closes it)."""
-    if "\0" in path or not under_roots(path, roots):
+    depth = None if "\0" in path else _root_depth(path, roots)
+    if depth is None:
         raise Refused("not an absolute, normalised path below the configured progress_roots")
     groups = groups_of(uid)
     parts = path.strip("/").split("/")
@@ -80,6 +108,9 @@ def open_as_owner(path: str, uid: int, roots: Sequence[str]) -> int:
             info = os.fstat(fd)
             if not _allowed(info, uid, groups, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)):
                 raise Refused(f"the owner cannot enter /{'/'.join(parts[:i])}")
+            why = _shared_dir(info, uid) if i >= depth else ""   # the root and every directory below it
+            if why:
+                raise Refused(f"/{'/'.join(parts[:i])} {why}")
             last = i == len(parts) - 1
             if last:            # look before opening: a file that is not the owner's is never opened
                 try:
@@ -115,6 +146,8 @@ def _check_file(info: os.stat_result, uid: int) -> None:
         raise Refused(f"owned by uid {info.st_uid}, not by the job's owner (uid {uid})")
     if not info.st_mode & stat.S_IRUSR:
         raise Refused("not readable by its owner")
+    if info.st_mode & _OTHERS_WRITE:
+        raise Refused("writable by others than its owner (group or other write bit): not the owner's word")
 
 
 # ------------------------------------------------------------------ user-path I/O with a deadline
