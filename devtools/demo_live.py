@@ -125,6 +125,20 @@ def run(stream_path: str, out_dir: str, max_s: float) -> dict:
     return dict(samples=samples, waits=waits)
 
 
+def harvested(result: dict) -> tuple[int, int]:
+    """Node-seconds harvested by malleable jobs and left idle by primary jobs."""
+    s = result["samples"]
+    return sum(x["harvest"] for x in s), sum(x["total"] - x["primary"] for x in s)
+
+
+def verdict(harvest: int, idle: int) -> str:
+    """The report's one-line answer: did harvesting happen?"""
+    if harvest <= 0:
+        return (f"verdict: NOTHING HARVESTED: malleable jobs used none of the {idle} idle node-seconds "
+                "(is the daemon running? see its log)")
+    return f"verdict: harvesting worked: malleable jobs used {100 * harvest / idle:.0f}% of the idle node-seconds"
+
+
 def report(result: dict, status: dict | None, ctld_log: str | None) -> str:
     s = result["samples"]
     total = sum(x["total"] for x in s)
@@ -145,7 +159,8 @@ def report(result: dict, status: dict | None, ctld_log: str | None) -> str:
              f"mean {sum(waits) / len(waits) if waits else 0:.1f} s, max {max(waits) if waits else 0:.0f} s",
              f"primary-job delay due to harvesting (upper bound): mean "
              f"{sum(blk) / len(blk) if blk else 0:.1f} s, max {max(blk) if blk else 0} s",
-             f"preemptions by Slurm (slurmctld log): {preempted}"]
+             f"preemptions by Slurm (slurmctld log): {preempted}",
+             verdict(harvest, idle)]
     if status:
         c = status.counters
         lines.append(f"daemon: {status.cycle} cycles, {c.starts} starts, {c.rescales} rescales, "
@@ -188,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "report.txt"), "w", encoding="utf-8") as fh:
         fh.write(text + "\n")
     print(text)
-    return 0
+    return 0 if harvested(result)[0] > 0 else 1
 
 
 if __name__ == "__main__":

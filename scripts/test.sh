@@ -17,9 +17,12 @@ python -m devtools.typecheck
 if [ "$FAST" = 1 ]; then
     exec python -m pytest -q -p no:cacheprovider -m "not live and not torch and not packaging" "$@"
 fi
-# Every tier's temporary files go under a directory of this run's own: the live tests open their
-# directories to the test users (tests/live.py share()), and a pytest started beside this one (a
-# contributor's fast tier) would reset the shared /tmp/pytest-of-root to 0700 under them.
+# Every tier's temporary files, the live tests' Slurm clusters included, go under a directory of
+# this run's own: the live tests open it (and nothing above it) to the operator account and the
+# test users (tests/live.py share()), since the checkout may sit where only root can enter; and a
+# pytest started beside this one (a contributor's fast tier) would reset the shared
+# /tmp/pytest-of-root to 0700 under them.
 BASE="$(mktemp -d /tmp/malletrain-tests.XXXXXX)"
+chmod 711 "$BASE"
 trap 'rm -rf "$BASE"' EXIT
 python -m pytest -q -p no:cacheprovider --basetemp "$BASE/t" "$@"

@@ -11,6 +11,28 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """The run's temporary files go under a directory of its own (scripts/test.sh passes one with
+    --basetemp): the live tests open it to the operator account and the test users, and change
+    the mode of nothing above it.  Run as root without --basetemp, a fresh one in /tmp is used
+    (pytest's default, /tmp/pytest-of-root, is shared with other runs and kept 0700)."""
+    import tempfile
+
+    import live
+    if config.option.basetemp is None and os.geteuid() == 0:
+        config.option.basetemp = tempfile.mkdtemp(prefix="malletrain-tests.")
+        config._malletrain_own_basetemp = config.option.basetemp
+    if config.option.basetemp is not None:
+        live.OWN_TMP = os.path.abspath(str(config.option.basetemp))
+
+
+def pytest_unconfigure(config):
+    import shutil
+    own = getattr(config, "_malletrain_own_basetemp", None)
+    if own:
+        shutil.rmtree(own, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def operator_malletrain(tmp_path_factory):
     """``malletrain`` installed where the operator account can run it (built once per run)."""
@@ -66,12 +88,12 @@ def users(cluster):
 def user_conf(cluster, tmp_path_factory):
     """The cluster's client config, somewhere every user can read it (the checkout may not be)."""
     import shutil
+
+    from live import share
     d = tmp_path_factory.mktemp("slurm-etc")
     shutil.copy(cluster.conf, d / "slurm.conf")
-    for p in (d, d.parent, d.parent.parent):
-        os.chmod(p, 0o755)
     os.chmod(d / "slurm.conf", 0o644)
-    return str(d / "slurm.conf")
+    return share(d / "slurm.conf")
 
 
 @pytest.hookimpl(hookwrapper=True)

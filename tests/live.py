@@ -14,7 +14,6 @@ from devtools.local_slurm import LocalSlurm
 from malletrain.slurm.submit import build_submission
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_DIR = os.environ.get("MALLETRAIN_TEST_SLURM_DIR", os.path.join(ROOT, ".local-slurm-test"))
 TEST_PORT = int(os.environ.get("MALLETRAIN_TEST_SLURM_PORT", "7817"))
 # The Slurm releases the live tests meet: the host's packages (Debian 12: 22.05) and the
 # two newer ones scripts/local-slurm.sh runs from cached Debian roots.  Each has its own
@@ -24,17 +23,45 @@ _PORT_OFFSET = {"host": 0, "22.05": 20, "24.11": 40, "26.05": 60}
 GRACE_S = 10
 TEST_USERS = ("mt-alice", "mt-mallory")     # created by the hostile-user tests
 OPERATOR = "malletrain"     # the service account: a Slurm operator (slurmdbd), never root
+# The run's own temporary directory (pytest's basetemp; tests/conftest.py sets it).  The live
+# tests open it, and only it, to the operator account and the test users: the checkout may sit
+# where only root can enter (/root, a 0700 directory), and no test changes the mode of anything
+# outside the checkout and this directory.
+OWN_TMP: str | None = None
+
+
+def own_tmp() -> str:
+    assert OWN_TMP, "tests/conftest.py sets live.OWN_TMP (pytest's basetemp) before any live test"
+    return OWN_TMP
+
+
+def cluster_dir(name: str = "host") -> str:
+    """Where a test cluster lives: in the run's own temporary directory (never the checkout, which
+    other accounts may not be able to enter), or below $MALLETRAIN_TEST_SLURM_DIR."""
+    base = os.environ.get("MALLETRAIN_TEST_SLURM_DIR") or os.path.join(own_tmp(), "slurm")
+    return base if name == "host" else f"{base}-{name}"
 
 
 def share(path) -> str:
-    """Let other accounts reach ``path``: o+x on every directory above it (the test's
-    temporary directories are 0700), o+rx on it when it is a directory."""
+    """Let other accounts reach ``path``, which must lie in the run's own temporary directory:
+    o+rx on it when it is a directory, o+x on each directory from it up to that temporary
+    directory.  Directories above are never changed: each must already let others through
+    (``/tmp`` does), or this fails saying which one does not."""
     path = os.path.abspath(str(path))
-    if os.path.isdir(path):
+    top = own_tmp()
+    inside = path == top or path.startswith(top + os.sep)
+    if inside and os.path.isdir(path):
         os.chmod(path, os.stat(path).st_mode | 0o005)
-    p = os.path.dirname(path)
-    while p != "/":
-        os.chmod(p, os.stat(p).st_mode | 0o001)
+    p = path if os.path.isdir(path) else os.path.dirname(path)
+    while p != os.sep:
+        mode = os.stat(p).st_mode
+        if inside and (p == top or p.startswith(top + os.sep)):
+            if not mode & 0o001:
+                os.chmod(p, mode | 0o001)
+        elif not mode & 0o001:
+            raise AssertionError(f"{p} (above {path}) does not let other accounts through; the live tests "
+                                 "never change it: run them with --basetemp in a directory others can pass "
+                                 "(scripts/test.sh does)")
         p = os.path.dirname(p)
     return path
 
@@ -96,8 +123,7 @@ class Cluster(LocalSlurm):
 
     def __init__(self, version: str = "host") -> None:
         self.version = version
-        super().__init__(TEST_DIR if version == "host" else f"{TEST_DIR}-{version}",
-                         TEST_PORT + _PORT_OFFSET[version])
+        super().__init__(cluster_dir(version), TEST_PORT + _PORT_OFFSET[version])
         self.release = ""      # what sinfo --version says, e.g. "24.11.5"
         self.operator: list[str] | None = None   # the daemon's argv as the operator (conftest)
 

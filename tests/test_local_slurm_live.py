@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from live import TEST_DIR, TEST_PORT, wait_until
+from live import TEST_PORT, cluster_dir, wait_until
 
 from devtools.local_slurm import LocalSlurm
 
@@ -65,7 +65,7 @@ def _has_proc_mounted(pid: str) -> bool:
 def test_down_leaves_no_process_and_no_mount(version):
     if os.geteuid() != 0:
         pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
-    directory = f"{TEST_DIR}-down"
+    directory = cluster_dir("down")
     cluster = LocalSlurm(directory, TEST_PORT + 80)
     try:
         cluster.up("--slurm", version, "--accounting", "--nodes", "2")
