@@ -69,6 +69,12 @@ def beyond_probe(min_nodes: int, max_nodes: int, known: Iterable[int]) -> int | 
     return n if max(1, min_nodes) <= n <= max_nodes else None
 
 
+def profile_owner(profile: str) -> str:
+    """Whose profile this is: the user of a per-user ``<user>/<profile>`` key; "" for the
+    profiles an operator shares (and a job's private ``job-<id>``)."""
+    return profile.split("/", 1)[0] if "/" in profile else ""
+
+
 MIN_RATE = 1e-9      # samples/s: slower is no measurement (and keeps 1/rate finite)
 MAX_RATE = 1e15
 
@@ -103,6 +109,7 @@ class Advisor:
         self._profile_epoch: dict[str, int] = defaultdict(int)  # bumps with full members
         # what a finished job leaves behind: its measured medians, if they shape its profile
         self._retired: dict[str, dict[str, dict[int, float]]] = {}
+        self._retired_by_owner: dict[str, dict[str, None]] = {}   # owner -> their retired profiles, oldest first
         self.rejected = 0
 
     # -- input -----------------------------------------------------------
@@ -139,25 +146,22 @@ class Advisor:
     # -- forgetting ------------------------------------------------------
     MAX_RETIRED_PER_PROFILE = 32
     MAX_RETIRED_PROFILES = 4096
+    MAX_RETIRED_PROFILES_PER_OWNER = 64
 
     def forget(self, job_id: str) -> None:
         """Drop everything about a finished job.  What the advisor still needs of it — its
         measured medians, when it has the 3 counts that shape its profile — is kept as a
-        retired member of the profile (the newest ``MAX_RETIRED_PER_PROFILE`` per profile,
-        ``MAX_RETIRED_PROFILES`` profiles), so the profile's prior is the same as before."""
+        retired member of the profile (the newest ``MAX_RETIRED_PER_PROFILE`` per profile),
+        so the profile's prior is the same as before.  The store of retired profiles is shared
+        by every user, so it is kept per owner (:func:`profile_owner`): at most
+        ``MAX_RETIRED_PROFILES_PER_OWNER`` profiles each (an owner's oldest go first), and when
+        ``MAX_RETIRED_PROFILES`` are kept in all, the owner keeping the most loses their oldest:
+        one user's thousands of profiles cannot push another user's out.  A job's private
+        profile (``job-<id>``, no profile in its tag) is never kept: no other job can use it."""
         prof = self._profile.get(job_id, "")
         measured = self.measured(job_id) if job_id in self._values else {}
-        if prof and len(measured) >= 3:
-            kept = self._retired.pop(prof, {})        # re-inserted: the newest profile last
-            kept[job_id] = dict(measured)
-            while len(kept) > self.MAX_RETIRED_PER_PROFILE:
-                del kept[next(iter(kept))]
-                self._profile_epoch[prof] += 1
-            self._retired[prof] = kept
-            while len(self._retired) > self.MAX_RETIRED_PROFILES:
-                old = next(iter(self._retired))
-                del self._retired[old]
-                self._profile_epoch[old] += 1
+        if prof and prof != f"job-{job_id}" and len(measured) >= 3:
+            self._retire(prof, job_id, dict(measured))
         if prof and job_id in self._members.get(prof, []):
             self._members[prof].remove(job_id)
             if not self._members[prof]:
@@ -171,13 +175,47 @@ class Advisor:
         for table in per_job:
             table.pop(job_id, None)
 
+    def _retire(self, prof: str, job_id: str, measured: dict[int, float]) -> None:
+        kept = self._retired.pop(prof, {})
+        kept.pop(job_id, None)
+        kept[job_id] = measured
+        while len(kept) > self.MAX_RETIRED_PER_PROFILE:
+            del kept[next(iter(kept))]
+            self._profile_epoch[prof] += 1
+        self._retired[prof] = kept
+        owner = profile_owner(prof)
+        mine = self._retired_by_owner.setdefault(owner, {})
+        mine.pop(prof, None)                    # re-inserted: an owner's newest profile last
+        mine[prof] = None
+        while len(mine) > self.MAX_RETIRED_PROFILES_PER_OWNER:
+            self._drop_retired(next(iter(mine)))
+        while len(self._retired) > self.MAX_RETIRED_PROFILES:
+            top = max(self._retired_by_owner, key=lambda o: (len(self._retired_by_owner[o]), o))
+            self._drop_retired(next(iter(self._retired_by_owner[top])))   # the oldest of who keeps most
+
+    def _drop_retired(self, prof: str) -> None:
+        del self._retired[prof]
+        owner = profile_owner(prof)
+        mine = self._retired_by_owner[owner]
+        del mine[prof]
+        if not mine:
+            del self._retired_by_owner[owner]
+        self._profile_epoch[prof] += 1
+        if not self._members.get(prof):              # nothing left of the profile
+            self._shapes.pop(prof, None)
+            self._pooled.pop(prof, None)
+
     def retired(self) -> dict[str, dict[str, dict[int, float]]]:
         """The retired members per profile (for the daemon to persist)."""
         return {p: {j: dict(m) for j, m in js.items()} for p, js in self._retired.items()}
 
     def load_retired(self, data: dict) -> None:
+        """Retired members as :meth:`retired` gave them (a store of an older version too: every
+        bound is applied again, private ``job-<id>`` profiles are dropped)."""
         for prof, jobs in data.items():
-            self._retired[str(prof)] = {str(j): {int(n): float(x) for n, x in m.items()} for j, m in jobs.items()}
+            for job, m in list(jobs.items())[-self.MAX_RETIRED_PER_PROFILE:]:
+                if str(prof) != f"job-{job}":
+                    self._retire(str(prof), str(job), {int(n): float(x) for n, x in m.items()})
             self._profile_epoch[str(prof)] += 1
 
     def add(self, sample: Sample) -> bool:

@@ -138,6 +138,7 @@ class Daemon:
         self._rescale_saved = self.forecast.learner.version
         self.ledger = Ledger(self.config.core.weight)
         self._pruned = False
+        self._samples_pruned = False     # samples of jobs gone while the daemon was down: dropped once
         self._outcomes_saved: dict = {}
         try:
             self.ledger.load(self.store.get("outcomes", {}))
@@ -275,12 +276,22 @@ class Daemon:
 
     def _forget_finished(self) -> None:
         """Jobs that left: their samples leave the store; what the advisor keeps of them (the
-        profile summaries) is stored instead."""
+        profile summaries) is stored instead.  At the first cycle, so do jobs that left while
+        the daemon was down (Slurm purged them: they never show as leaving)."""
         obs = self.journal.last
-        if obs is None or self.journal.read_only or not obs.finished:
+        if obs is None or self.journal.read_only:
             return
+        gone = set(obs.finished)
         try:
-            self.store.forget_samples(obs.finished)
+            if not self._samples_pruned:
+                stale = self.store.sample_jobs() - set(obs.facts) - set(obs.ended) - gone
+                self._samples_pruned = True
+                if stale:
+                    self.source.ingest((), {}, tuple(sorted(stale)))
+                    gone |= stale
+            if not gone:
+                return
+            self.store.forget_samples(sorted(gone))
             retired = self.source.advisor.retired()
             if retired != self._retired_saved:
                 self.store.put("retired", retired)

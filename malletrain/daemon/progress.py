@@ -56,6 +56,7 @@ EVENTS = ("start", "progress", "checkpoint", "exit")
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
 
 
+OFFSETS_KEPT_S = 3600.0    # what is kept of a file no observed job names any more (offsets, refusals) goes after this
 PIECE_BYTES = 64 << 10     # a read is made in pieces of this size and stops once it holds max_records lines
 ENDED_READS = 16           # reads of an ended job's file per cycle (each at most max_read_bytes)
 
@@ -400,6 +401,7 @@ class ProgressSource:
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
         self._paths: dict[str, str] = {}
+        self._named: dict[str, float] = {}           # path -> when an observed job last named it
         self._pauses: list[PauseSample] = []
         self._now = 0.0
         self.max_pause_s = max_pause_s
@@ -503,6 +505,7 @@ class ProgressSource:
             self.tail.budget = self.tail.deadline = None
         for s in out:
             self.latest[s.job_id] = s
+        self._age(observation, now)
         self._persist(out)
         return tuple(out)
 
@@ -573,6 +576,25 @@ class ProgressSource:
                     return                  # an unfinished line within the cap: next cycle
         self.final[job] = verdict
         self._drop(job)
+
+    def _age(self, observation: Observation, now: float) -> None:
+        """Nothing is kept for ever: what is known of jobs no longer observed goes at once (it
+        left while the daemon was down, or without a word), what is known of a file no observed
+        job names (its offset, a refusal) after ``OFFSETS_KEPT_S`` (offsets restored from the
+        store included)."""
+        known = set(observation.facts) | set(observation.ended)
+        for table in (self._paths, self.latest, self.last_progress, self.tail.counters.by_job):
+            for job in [j for j in table if j not in known]:
+                del table[job]
+        named = {f.progress_path for f in (*observation.facts.values(), *observation.ended.values())
+                 if f.progress_path}
+        for path in named:
+            self._named[path] = now
+        for path in [*self.tail.files, *self.tail._refused]:
+            if path not in named and now - self._named.setdefault(path, now) > OFFSETS_KEPT_S:
+                self.tail.forget(path)
+        for path in [p for p in self._named if p not in self.tail.files and p not in self.tail._refused]:
+            del self._named[path]
 
     def _drop(self, job: str) -> None:
         path = self._paths.pop(job, None)

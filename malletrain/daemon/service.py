@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from malletrain.daemon.logguard import LogGuard
+
 _EXTRA = ("cycle", "job", "action", "reason", "command", "rc", "slurm_release")
 
 
@@ -51,6 +53,7 @@ class CycleFilter(logging.Filter):
 
 def setup_logging(fmt: str, level: int = logging.INFO) -> CycleFilter:
     handler = logging.StreamHandler()
+    handler.addFilter(LogGuard())      # no user can flood the journal (and so push out the audit lines)
     cf = CycleFilter()
     handler.addFilter(cf)
     handler.setFormatter(JsonFormatter() if fmt == "json" else

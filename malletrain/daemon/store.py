@@ -7,8 +7,10 @@ step), ``samples`` (JPA input, so a restart keeps what was learned),
 transaction (WAL mode), so ``kill -9`` at any point leaves a consistent file.
 Any sqlite or OS error (a full disk, a broken file) raises
 :class:`StateError`; the daemon then applies nothing until writes work again.
-The file is the daemon's alone (mode 0600); samples are kept per job up to
-``samples_kept`` (the oldest age out).
+The file is the daemon's alone (mode 0600).  Nothing in it grows for ever: samples are kept
+per job up to ``samples_kept`` (the oldest age out) and leave with their job; actions are kept
+per job up to ``ACTIONS_PER_JOB``, for ``ACTIONS_KEPT_S`` and ``MAX_ACTIONS`` in all (the
+oldest go first; ``explain`` shows the newest few).
 """
 from __future__ import annotations
 
@@ -33,7 +35,13 @@ CREATE TABLE IF NOT EXISTS actions (t REAL, cycle INTEGER, job TEXT, kind TEXT,
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS samples_job ON samples(job);
 CREATE INDEX IF NOT EXISTS actions_job ON actions(job);
+CREATE INDEX IF NOT EXISTS actions_t ON actions(t);
 """
+
+ACTIONS_PER_JOB = 200                 # the newest actions kept per job
+ACTIONS_KEPT_S = 30 * 86400.0         # actions older than this go
+MAX_ACTIONS = 500_000                 # actions kept in all
+PRUNE_EVERY_S = 3600.0                # how often the age and total bounds are applied
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,6 +61,7 @@ class Store:
     def __init__(self, path: str, *, samples_kept: int = 2000) -> None:
         self.path = path
         self.samples_kept = samples_kept
+        self._pruned_at: float | None = None     # daemon clock of the last age/total prune of actions
         self._open()
 
     @_guarded
@@ -110,6 +119,11 @@ class Store:
             self.db.executemany("DELETE FROM samples WHERE job=?", [(j,) for j in jobs])
 
     @_guarded
+    def sample_jobs(self) -> set[str]:
+        """The jobs that have samples stored."""
+        return {job for (job,) in self.db.execute("SELECT DISTINCT job FROM samples")}
+
+    @_guarded
     def samples(self) -> list[Sample]:
         return [Sample(j, n, r, t) for j, n, r, t in
                 self.db.execute("SELECT job, nodes, rate, t FROM samples ORDER BY job, t")]
@@ -123,6 +137,14 @@ class Store:
             with self.db:
                 self.db.executemany("INSERT INTO actions (t, cycle, job, kind, from_nodes, to_nodes, "
                                     "reason, code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                for job in {r[2] for r in rows}:     # a job's newest ACTIONS_PER_JOB stay
+                    self.db.execute("DELETE FROM actions WHERE rowid IN (SELECT rowid FROM actions WHERE job=? "
+                                    "ORDER BY t DESC, rowid DESC LIMIT -1 OFFSET ?)", (job, ACTIONS_PER_JOB))
+                if self._pruned_at is None or not 0 <= t - self._pruned_at < PRUNE_EVERY_S:
+                    self._pruned_at = t
+                    self.db.execute("DELETE FROM actions WHERE t < ?", (t - ACTIONS_KEPT_S,))
+                    self.db.execute("DELETE FROM actions WHERE rowid IN (SELECT rowid FROM actions "
+                                    "ORDER BY t DESC, rowid DESC LIMIT -1 OFFSET ?)", (MAX_ACTIONS,))
 
     @_guarded
     def history(self, job: str, limit: int = 10) -> list[Change]:
