@@ -108,6 +108,7 @@ class Events:
     rescales: int = 0
     vacates: int = 0
     failed_actions: int = 0
+    deferred_launches: int = 0  # launches not made: a node they needed was not freed (refused/failed)
     refused_writes: int = 0     # a job no longer matched its record right before a write
     recoveries: int = 0         # lost or hung jobs requeued by the safety net
     tag_reads: int = 0
@@ -313,7 +314,8 @@ class SlurmBackend:
 
     def _fetch_tag(self, job: str) -> TagRecord | None:
         """The job's owner, partition and comment, read alone (finished jobs too)."""
-        return parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT]))
+        return parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT],
+                                                        unknown_job_ok=True))
 
     def _tag_of(self, r: JobRecord) -> Tag | None:
         rec = self.tag_records.get(r.job_id)
@@ -396,7 +398,7 @@ class SlurmBackend:
             self._ended_backlog = set(gone[MAX_ENDED_READ:])
             gone = gone[:MAX_ENDED_READ]
         out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-j", ",".join(gone),
-                                            "-o", SQUEUE_FORMAT]))
+                                            "-o", SQUEUE_FORMAT], unknown_job_ok=True))
         ended = [r for r in out if r.phase is Phase.FINISHED and r.job_id in gone]
         self.ended_watch = {r.job_id for r in ended}
         for job in set(gone) - self.ended_watch - {r.job_id for r in out}:
@@ -494,9 +496,20 @@ class SlurmBackend:
 
     # ------------------------------------------------------------ apply
     def apply(self, actions: Sequence[Action]) -> None:
+        """Free nodes first (stop/shrink/grow: ``requeuehold``, or hold a job released but not yet
+        started), then launch.  A launch onto a node whose freeing was refused (the job no longer
+        matches its record) or failed is not made this cycle: no job is released onto nodes that a
+        job refusing the daemon's writes still holds; it stays held (its launch is counted in
+        ``deferred_launches``) and the next cycle plans from what Slurm really did."""
         now = self.clock()
         requeued: list[Action] = []
         relaunch: list[Action] = []
+        blocked: dict[str, str] = {}      # node -> the job still on it (or launching onto it)
+
+        def not_freed(a: Action, book: Book) -> None:
+            for n in (*a.from_nodes, *book.launching, *book.running):
+                blocked.setdefault(n, a.job_id)
+
         for a in actions:
             if a.kind in (ActionKind.KEEP, ActionKind.WAIT):
                 continue
@@ -516,6 +529,7 @@ class SlurmBackend:
                     else:
                         relaunch.append(a)
                 elif not self._verify(a.job_id):
+                    not_freed(a, book)
                     continue
                 else:
                     self._put(a.job_id, replace(book, running=(), last_change_s=now, change_hold_s=now))
@@ -526,6 +540,7 @@ class SlurmBackend:
                         requeued.append(a)
             except SlurmCommandError as exc:
                 self.events.failed_actions += 1
+                not_freed(a, book)
                 log.error("job %s: %s failed: %s", a.job_id, a.kind.value, exc)
         if requeued:
             ready = self._wait_held(requeued)
@@ -536,6 +551,16 @@ class SlurmBackend:
                     log.warning("job %s still completing after %.0fs; it stays held for the next cycle",
                                 a.job_id, self.daemon.rescale_wait_s)
         for a in relaunch:
+            onto = sorted({n: blocked[n] for n in a.to_nodes if blocked.get(n, a.job_id) != a.job_id}.items())
+            if onto:
+                self.events.deferred_launches += 1
+                book = self.books.get(a.job_id, Book())
+                self._put(a.job_id, replace(book, launching=(), running=()))
+                log.warning("job %s: %s onto %s not made: %s; it stays held and the next cycle "
+                            "decides again from what Slurm did", a.job_id, a.kind.value, collect(a.to_nodes),
+                            "; ".join(f"{n} is still held by job {j}" for n, j in onto),
+                            extra={"job": a.job_id, "action": a.kind.value, "reason": "nodes-not-freed"})
+                continue
             self._launch(a)
 
     def _hold_launching(self, job: str) -> bool:
@@ -543,7 +568,7 @@ class SlurmBackend:
         if not self._verify(job):
             raise SlurmCommandError(["scontrol", "hold", job], None, "refused: the job no longer matches")
         self.runner.write(["scontrol", "hold", job])
-        out = self.runner.read(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"])
+        out = self.runner.read(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"], unknown_job_ok=True)
         state = (out.strip().split("|") + ["", ""])[1]
         return state in ("PENDING", "")
 
@@ -593,7 +618,8 @@ class SlurmBackend:
         while True:
             held: set[str] = set()
             try:
-                out = self.runner.read(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"])
+                out = self.runner.read(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"],
+                                       unknown_job_ok=True)
                 for line in out.splitlines():
                     jid, state, reason = (line.split("|") + ["", ""])[:3]
                     if state == "PENDING" and is_held(reason):

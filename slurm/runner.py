@@ -46,6 +46,14 @@ class SlurmCommandError(BackendError):
         super().__init__(f"{' '.join(self.argv)} {what}: {self.stderr or '(no stderr)'}")
 
 
+UNKNOWN_JOB = "Invalid job id specified"     # slurm_load_jobs' error for an id it does not hold
+
+
+def is_unknown_job(exc: SlurmCommandError) -> bool:
+    """Slurm's answer that a job id is not (or no longer) known to slurmctld."""
+    return exc.rc == 1 and not exc.timed_out and UNKNOWN_JOB in exc.stderr
+
+
 @dataclass
 class CommandStats:
     """Counters since the last :meth:`take` (one cycle) and in total."""
@@ -93,8 +101,14 @@ class Runner:
         self._rng = rng or random.Random()
         self.stats = CommandStats()
 
-    def read(self, argv: Sequence[str], timeout_s: float | None = None) -> str:
-        """Run a read-only command; retried on failure.  Returns stdout."""
+    def read(self, argv: Sequence[str], timeout_s: float | None = None, *,
+             unknown_job_ok: bool = False) -> str:
+        """Run a read-only command; retried on failure.  Returns stdout.
+
+        ``unknown_job_ok``: a ``squeue -j`` of job ids.  Given a single id that slurmctld no
+        longer holds (purged after MinJobAge, or never existed) squeue exits 1 with "Invalid job
+        id specified" (22.05, 24.11, 26.05; a list of ids exits 0 listing those it holds): that
+        answer is "no such job", an empty listing, not a failure, and is not retried."""
         last: SlurmCommandError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -111,6 +125,8 @@ class Runner:
             try:
                 return self._once(argv, timeout_s, "read")
             except SlurmCommandError as exc:
+                if unknown_job_ok and is_unknown_job(exc):
+                    return ""
                 last = exc
         assert last is not None
         raise last

@@ -51,7 +51,10 @@ class FakeSlurm:
         everything = "-t" in argv and argv[argv.index("-t") + 1] == "all"
         listed = {j: r for j, r in self.jobs.items() if everything or r["state"] not in ENDED}
         if cmd == "squeue" and "-j" in argv:
-            listed = {j: listed[j] for j in argv[argv.index("-j") + 1].split(",") if j in listed}
+            ids = argv[argv.index("-j") + 1].split(",")
+            if len(ids) == 1 and ids[0] not in self.jobs:   # like slurmctld: one id it no longer holds
+                return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+            listed = {j: listed[j] for j in ids if j in listed}
         if cmd == "squeue" and argv[-1] == "%i|%U|%P|%k":
             out = "".join(f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" for j, r in listed.items())
         elif cmd == "squeue" and argv[-1] == "%i|%T|%r":
@@ -72,6 +75,8 @@ class FakeSlurm:
                    "Nodes=n[3-4]\nSwitchName=top Level=1 LinkSpeed=1 Switches=s[1-2]\n")
         elif cmd == "scontrol":
             out = self._scontrol(argv[1:])
+            if isinstance(out, subprocess.CompletedProcess):
+                return subprocess.CompletedProcess(argv, out.returncode, out.stdout, out.stderr)
         elif cmd == "scancel":
             self.end(argv[1], "CANCELLED")
             self.jobs[argv[1]]["reason"] = "None"
@@ -84,6 +89,9 @@ class FakeSlurm:
         verb, rest = args[0], args[1:]
         if verb == "requeuehold":
             j = self.jobs[rest[0]]
+            if j.get("requeue") is False:    # sbatch --no-requeue (Requeue=0): 22.05, 24.11, 26.05 alike
+                return subprocess.CompletedProcess(
+                    [], 1, "", f"Requested operation is presently disabled for job {rest[0]}\n")
             for n in j["nodes"]:
                 self.nodes[n] = "idle"
             j.update(state="PENDING", reason="job requeued in held state", nodes=())
@@ -103,6 +111,11 @@ class FakeSlurm:
         for n in j["nodes"]:
             self.nodes[n] = "idle"
         j.update(state=state, nodes=())
+
+    def purge(self, jid):
+        """slurmctld forgets the job (MinJobAge after it ended, or while the daemon was down)."""
+        self.end(jid, "COMPLETED")
+        del self.jobs[jid]
 
     def run_pending(self):   # Slurm starts released jobs on their requested nodes
         import hostlist

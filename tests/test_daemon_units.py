@@ -325,3 +325,35 @@ def test_status_shows_the_name_each_user_gave_from_the_tag(tmp_path, capsys):
     assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
     out = capsys.readouterr().out
     assert "resnet-50 lr=0" in out and "hpo-3" in out
+
+
+def test_a_purged_job_does_not_stop_the_cycle(tmp_path):
+    """A tracked job that slurmctld no longer holds (purged after MinJobAge, e.g. while the daemon
+    was down): ``squeue -j ID`` of that one id exits 1 "Invalid job id specified" (checked on the
+    real 22.05, 24.11 and 26.05 by tests/test_slurm_live.py).  That is "no such job", not an
+    outage: the daemon forgets it and keeps serving the others (before, every cycle failed as
+    "Slurm unreachable" until some other tracked job left the queue)."""
+    from helpers import FakeSlurm, held_job
+
+    from malletrain.daemon.status import read_status
+    fake = FakeSlurm()
+    held_job(fake, "7")
+    held_job(fake, "8", uid=1001)
+    d, _ = _daemon(tmp_path, fake)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        d.cycle_once()
+        assert {j for j, r in fake.jobs.items() if r["state"] == "RUNNING"} == {"7", "8"}
+        fake.purge("7")                        # ended and purged between two cycles
+        before = len(fake.calls)
+        for _ in range(3):
+            d.cycle_once()
+            st = read_status(str(tmp_path / "state" / "status.json"))
+            assert st.slurm_up, "a purged job made the cycle fail"
+        assert "7" not in d.backend.records and "7" not in d.backend.books
+        assert [j.job for j in st.jobs] == ["8"]
+        reads = [c for c in fake.calls[before:] if c[0] == "squeue" and "7" in c]
+        assert len(reads) == 1          # read once as gone, then forgotten (not re-read every cycle)
+    finally:
+        d.store.close()

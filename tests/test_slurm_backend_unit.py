@@ -208,3 +208,44 @@ def test_nodes_carry_their_switch_and_the_site_files_speed(tmp_path):
     off = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None), SlurmConfig(topology=False),
                        DaemonConfig(interval_s=2), clock=lambda: 1000.0)
     assert {n.group for n in off.observe().snapshot.nodes} == {""}
+
+
+def _running(fake, jid, nodes, uid=1000):
+    fake.jobs[jid] = dict(partition="scavenger", state="RUNNING", reason="None", nodes=tuple(nodes),
+                          comment=TAG, uid=uid)
+    for n in nodes:
+        fake.nodes[n] = "allocated"
+
+
+def test_no_job_is_released_onto_nodes_whose_stop_was_refused_or_failed():
+    """Job 7 holds n1-n2; the plan stops it and starts another user's job 8 there.  When the
+    stop is refused (7's owner changed its tag) or fails (7 was submitted --no-requeue: Slurm
+    answers "Requested operation is presently disabled", checked on 22.05, 24.11 and 26.05), 8 is
+    not released onto 7's nodes: it stays held, and the next cycle plans from what Slurm did.
+    A launch onto nodes that were idle goes ahead in the same plan."""
+    plan = [Action("7", ActionKind.STOP, ("n1", "n2"), (), "why", ReasonCode.GAIN),
+            Action("8", ActionKind.START, (), ("n1", "n2"), "why", ReasonCode.GAIN),
+            Action("9", ActionKind.START, (), ("n3",), "why", ReasonCode.GAIN)]
+    for spoil in ("tag", "no-requeue"):
+        fake = FakeSlurm()
+        _running(fake, "7", ("n1", "n2"))
+        _held(fake, "8")
+        fake.jobs["8"]["uid"] = 1001
+        _held(fake, "9")
+        b, _, _ = _backend(fake)
+        b.observe()
+        if spoil == "tag":
+            fake.jobs["7"]["comment"] = TAG.replace("max=4", "max=3")
+        else:
+            fake.jobs["7"]["requeue"] = False
+        fake.calls.clear()
+        b.apply(plan)
+        writes = [(c[1], c[2] if c[1] != "update" else c[2].split("=")[1]) for c in _writes(fake)]
+        assert ("release", "8") not in writes and ("update", "8") not in writes, (spoil, writes)
+        assert ("release", "9") in writes, (spoil, writes)       # its node was idle
+        assert b.events.deferred_launches == 1
+        assert b.books["8"].launching == ()
+        assert fake.jobs["7"]["state"] == "RUNNING" and fake.jobs["8"]["reason"] == "JobHeldUser"
+        (refused,) = [a for a in [("refused", b.events.refused_writes), ("failed", b.events.failed_actions)]
+                      if a[1]]
+        assert refused[0] == ("refused" if spoil == "tag" else "failed")

@@ -582,3 +582,40 @@ def test_trial_preempted_by_slurm_alone_is_requeued_not_completed(clean, tmp_pat
     got = CheckpointStore(str(tmp_path / "ckpt")).restore(quarantine=False).state["model"]
     want = CheckpointStore(str(tmp_path / "ref")).restore(quarantine=False).state["model"]
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+# ---------------------------------------------------------------- answers the fake backend relies on
+
+@MATRIX
+def test_the_fake_answers_as_this_slurm_does_for_purged_jobs_and_refused_requeues(clean, tmp_path):
+    """tests/helpers.FakeSlurm answers as the real slurmctld does (exit code, stdout, the error
+    text the daemon matches) where the unit tests of issue #22 rely on it: ``squeue -j`` of one
+    id slurmctld no longer holds (purged after MinJobAge; a never-used id is the same to it), of
+    several such ids, and ``scontrol requeuehold`` of a running job submitted ``--no-requeue``.
+    And the real backend, restarted with a book for a purged job, keeps cycling."""
+    from helpers import FakeSlurm
+
+    from malletrain.slurm.adapter import Book
+    from malletrain.slurm.runner import UNKNOWN_JOB
+    fake = FakeSlurm()
+    for argv in (["squeue", "-h", "-j", "9999999", "-t", "all", "-o", "%i|%T|%r"],
+                 ["squeue", "-h", "-j", "9999999", "-o", "%i|%T|%r"],
+                 ["squeue", "-h", "-j", "9999998,9999999", "-t", "all", "-o", "%i|%T|%r"]):
+        real = subprocess.run(argv, env=clean.env, capture_output=True, text=True, timeout=30)
+        said = fake(list(argv))
+        assert (real.returncode, real.stdout) == (said.returncode, said.stdout), argv
+        assert (UNKNOWN_JOB in real.stderr) == (UNKNOWN_JOB in said.stderr), (argv, real.stderr)
+    job = clean.sh("sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--no-requeue", "-o", "/dev/null",
+                   "--wrap", "sleep 120").strip()
+    wait_until(lambda: clean.jobs().get(job, {}).get("state") == "RUNNING", 30, "the --no-requeue job to run")
+    real = subprocess.run(["scontrol", "requeuehold", job], env=clean.env, capture_output=True, text=True,
+                          timeout=30)
+    fake.jobs[job] = dict(partition="scavenger", state="RUNNING", reason="None", nodes=("n1",), comment="",
+                          requeue=False)
+    said = fake(["scontrol", "requeuehold", job])
+    assert (real.returncode, real.stdout, real.stderr.strip()) == (said.returncode, said.stdout, said.stderr.strip())
+    backend = _cli_backend(clean, tmp_path)
+    backend.books["9999999"] = Book(running=("n1",))        # known to the daemon's store only
+    for _ in range(2):
+        backend.observe()                                    # raised "Invalid job id" before
+    assert "9999999" not in backend.books
