@@ -37,16 +37,19 @@ class RescaleLearner:
         self._profiles: dict[tuple[str, Direction], deque[float]] = {}
         self._profile: dict[str, str] = {}        # job -> its profile ('' = none)
         self.rejected = 0
-        self.version = 0
+        self.version = 0        # bumps with every change that can change a cost
 
     def register(self, job_id: str, profile: str) -> None:
-        self._profile[job_id] = profile
+        if self._profile.get(job_id) != profile:
+            self._profile[job_id] = profile
+            self.version += 1
 
     def forget(self, job_id: str) -> None:
         """A finished job: its own measurements go (its profile keeps what it contributed)."""
         self._profile.pop(job_id, None)
         for d in Direction:
             self._jobs.pop((job_id, d), None)
+        self.version += 1
 
     def add(self, sample: PauseSample) -> bool:
         """Record one measured pause; False (counted) when it is not plausible."""

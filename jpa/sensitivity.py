@@ -52,13 +52,16 @@ class SensitivityLearner:
         self.version = 0
 
     def register(self, job_id: str, profile: str) -> None:
-        self._profile[job_id] = profile
+        if self._profile.get(job_id) != profile:
+            self._profile[job_id] = profile
+            self.version += 1
 
     def forget(self, job_id: str) -> None:
         self._obs.pop(job_id, None)
         self._profile.pop(job_id, None)
         self._fits.pop(job_id, None)
         self._added.pop(job_id, None)
+        self.version += 1
 
     def add(self, s: Sample) -> None:
         if not (math.isfinite(s.samples_per_s) and s.samples_per_s > 0 and math.isfinite(s.slowdown)

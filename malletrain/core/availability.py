@@ -35,9 +35,23 @@ The model (no look-ahead: it knows only what it has seen):
   count as staying the whole horizon (the objective is then the plain one),
   except where a window end is known.
 
-Costs: an update is O(changes + log n) (entry times are kept sorted: nodes enter
-at the current time); a prediction rebuilds the survival table once per call
-(O(grid · log n)) and is then O(1) per node (ages are looked up on the grid).
+Costs (the model is consulted every cycle, so it keeps what did not change):
+
+* an update compares the pool with the last one (one C-level tuple compare when
+  nothing changed) and is otherwise O(changes · log n): set differences find the
+  nodes that came and went, entry times are kept sorted (nodes enter at the
+  current time);
+* the survival table is rebuilt only when a stretch opened or closed or an open
+  stretch's age crossed a grid point (each call knows when the next crossing is
+  due), O(grid · log n) then;
+* the stays of all nodes are computed in numpy (age, time scale, grid interval;
+  the few ages that fall within 1e-9 of a grid point are redone exactly as
+  :func:`_index` would) and mapped onto one memoised :class:`Stay` per
+  (interval, scale); when neither the table nor any node's interval changed the
+  previous mapping object itself is returned, so comparing two outlooks is
+  O(1).  Nodes whose known window ends within the horizon are computed one by
+  one (their stay depends on the exact age).
+The returned mappings are shared between calls: read them, never change them.
 Pure: no clock, no I/O; times come in.
 """
 from __future__ import annotations
@@ -46,6 +60,11 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
+
+import numpy as np
 
 from malletrain.domain.model import Node, Stay
 
@@ -54,6 +73,7 @@ NODE_MEMORY = 8             # a node's own stretches that set its time scale
 NODE_PRIOR = 2.0            # ... shrunk towards the pooled curve as if this many typical ones were seen
 GRID_MAX_S = 1.3e8          # ~4 years: longer is 'for ever'
 _RENORM = 1e200             # weights are rescaled before they overflow
+_NEAR_GRID = 1e-9           # a vectorised grid index this close to a grid point is redone with math.log
 
 
 def _grid() -> tuple[float, ...]:
@@ -65,6 +85,8 @@ def _grid() -> tuple[float, ...]:
 
 GRID = _grid()
 _LOG_RATIO = math.log(GRID_RATIO)
+_NAME = attrgetter("name")
+_WINDOW = attrgetter("window_end_s")
 
 
 def _index(age_s: float) -> int:
@@ -72,6 +94,46 @@ def _index(age_s: float) -> int:
     if age_s < 1.0:
         return 0
     return min(len(GRID) - 2, 1 + int(math.log(age_s) / _LOG_RATIO))
+
+
+def _indices(ages: np.ndarray) -> np.ndarray:
+    """:func:`_index` of every age, vectorised; equal to it element by element (an age whose
+    log lands within ``_NEAR_GRID`` of a grid point, where numpy's and libm's log could round
+    apart, is redone with :func:`_index`)."""
+    out = np.zeros(len(ages), dtype=np.int64)
+    big = ages >= 1.0
+    if not big.any():
+        return out
+    v = np.log(ages[big]) / _LOG_RATIO
+    idx = 1 + np.floor(v).astype(np.int64)
+    near = np.abs(v - np.rint(v)) < _NEAR_GRID
+    if near.any():
+        redo = ages[big][near]
+        idx[near] = [_index(float(a)) for a in redo]
+    np.minimum(idx, len(GRID) - 2, out=idx)
+    out[big] = idx
+    return out
+
+
+@dataclass(frozen=True)
+class _Censored:
+    """The open stretches per grid interval of their age at one time, and until when that holds."""
+
+    version: int                 # IdleHistory.version it was counted at
+    from_s: float
+    until_s: float               # the next time an open stretch's age crosses a grid point
+    counts: tuple[int, ...]      # per interval, then the count older than the grid (added to the last)
+    surv: list[float]
+
+
+@dataclass(frozen=True)
+class _Stays:
+    """The last :meth:`IdleHistory.stays` answer and what it was made of."""
+
+    names: tuple[str, ...]
+    table: _StayTable
+    codes: np.ndarray
+    out: dict[str, Stay]
 
 
 class IdleHistory:
@@ -87,28 +149,55 @@ class IdleHistory:
         self.recent: dict[str, deque[float]] = {}  # node -> log lengths of its newest stretches
         self._log_sum = 0.0                         # decayed Σ log length of closed stretches
         self._log_weight = 0.0
+        # what the per-cycle calls keep between them (see the module doc, "Costs")
+        self._seq: dict[str, int] = {}             # node -> order it entered ``since`` (closures go in it)
+        self._entered = 0
+        self._pool: tuple[str, ...] = ()           # the last update's pool
+        self._own: dict[str, tuple[float, int]] = {}   # node -> (Σ recent, len(recent)), set as it closes
+        self._censored: _Censored | None = None
+        self._table: tuple[list[float] | None, float, _StayTable] | None = None
+        self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
+        self._last: _Stays | None = None
+        self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
 
     # -- input ------------------------------------------------------------
     def update(self, now_s: float, pool: Iterable[str]) -> None:
-        """The harvestable pool at ``now_s``: open stretches for new nodes, close gone ones."""
-        names = set(pool)
-        gone = [n for n in self.since if n not in names]
-        for n in gone:
+        """The harvestable pool at ``now_s``: open stretches for new nodes, close gone ones.
+
+        Nodes that leave at one instant close in the order they entered (equal entry times
+        give equal lengths, so the order among them does not change a sum)."""
+        names = pool if isinstance(pool, tuple) else tuple(pool)
+        if names == self._pool:
+            return
+        self._pool = names
+        present = set(names)
+        gone = self.since.keys() - present
+        seq = self._seq
+        for n in sorted(gone, key=lambda x: seq.get(x, -1)):
             start = self.since.pop(n)
+            seq.pop(n, None)
             i = bisect.bisect_left(self._starts, start)
             del self._starts[i]
             length = max(0.0, now_s - start)
             self._close(length)
-            self.recent.setdefault(n, deque(maxlen=NODE_MEMORY)).append(math.log(max(1.0, length)))
-        new = [n for n in names if n not in self.since]
+            own = self.recent.setdefault(n, deque(maxlen=NODE_MEMORY))
+            own.append(math.log(max(1.0, length)))
+            self._own[n] = (sum(own), len(own))
+        new = present - self.since.keys()
         for n in new:
             self.since[n] = now_s
+            self._seq[n] = self._entered
+            self._entered += 1
             if self._starts and self._starts[-1] > now_s:     # a clock that went back: keep it sorted
                 bisect.insort(self._starts, now_s)
             else:
                 self._starts.append(now_s)
         if gone or new:
             self.version += 1
+
+    def observe(self, now_s: float, nodes: Sequence[Node]) -> None:
+        """:meth:`update` with the snapshot's pool (its names are kept for :meth:`stays`)."""
+        self.update(now_s, self._names_of(nodes))
 
     def _close(self, length_s: float) -> None:
         self._closed[_index(length_s)] += self._weight
@@ -125,18 +214,44 @@ class IdleHistory:
     # -- the survival curve -------------------------------------------------
     def survival(self, now_s: float) -> list[float] | None:
         """``S`` at every grid point (Kaplan–Meier over closed and open stretches), or None
-        before ``min_stretches`` have closed."""
+        before ``min_stretches`` have closed.  The same list object while nothing it depends
+        on changed."""
         if self.closed < self.min_stretches:
             return None
+        c = self._censored
+        if c is not None and c.version == self.version and c.from_s <= now_s < c.until_s:
+            return c.surv
+        counts, until = self._count_open(now_s)
+        if c is not None and c.version == self.version and c.counts == counts:
+            surv = c.surv
+        else:
+            surv = self._kaplan_meier(counts)
+        self._censored = _Censored(self.version, now_s, until, counts, surv)
+        return surv
+
+    def _count_open(self, now_s: float) -> tuple[tuple[int, ...], float]:
+        """Open stretches per grid interval of their age (the last one also counts those older
+        than the grid), and a time before which no age crosses a grid point."""
+        k = len(GRID) - 1
+        starts = self._starts
+        counts = [0] * (k + 1)
+        hi = len(starts)
+        until = math.inf
+        for i in range(k):
+            lo = bisect.bisect_right(starts, now_s - GRID[i + 1])
+            counts[i] = hi - lo
+            hi = lo
+            if lo < len(starts):       # the next stretch to reach age GRID[i+1]
+                until = min(until, starts[lo] + GRID[i + 1])
+        counts[k] = hi
+        # float rounding of 'now - GRID' against 'start + GRID': stay well clear of the crossing
+        return tuple(counts), until - 1e-9 * (abs(now_s) + GRID[-1])
+
+    def _kaplan_meier(self, counts: tuple[int, ...]) -> list[float]:
         k = len(GRID) - 1
         # open stretches per grid interval of their age, at the current weight
-        censored = [0.0] * k
-        hi = len(self._starts)
-        for i in range(k):
-            lo = bisect.bisect_right(self._starts, now_s - GRID[i + 1]) if i + 1 < len(GRID) else 0
-            censored[i] = (hi - lo) * self._weight
-            hi = lo
-        censored[k - 1] += hi * self._weight
+        censored = [counts[i] * self._weight for i in range(k)]
+        censored[k - 1] += counts[k] * self._weight
         at_risk = sum(self._closed) + sum(censored)
         surv = [1.0]
         s = 1.0
@@ -151,17 +266,85 @@ class IdleHistory:
         return surv
 
     def stays(self, now_s: float, nodes: Sequence[Node], horizon_s: float) -> dict[str, Stay]:
-        """Predicted :class:`Stay` of each node (only nodes with a prediction or a known window)."""
+        """Predicted :class:`Stay` of each node (only nodes with a prediction or a known window).
+
+        The answer may be the very dict an earlier call returned (when nothing changed): do not
+        modify it."""
         surv = self.survival(now_s)
-        table = _StayTable(surv, horizon_s)
-        out: dict[str, Stay] = {}
-        for n in nodes:
-            window = None if n.window_end_s is None else max(0.0, n.window_end_s - now_s)
-            if surv is None and (window is None or window >= horizon_s):
-                continue
-            out[n.name] = table.stay(max(0.0, now_s - self.since.get(n.name, now_s)), window,
-                                     self._scale(n.name) if surv is not None else 0)
+        table = self._stay_table(surv, horizon_s)
+        names = self._names_of(nodes)
+        windows = tuple(map(_WINDOW, nodes))
+        timed = len(windows) - windows.count(None)     # nodes with a known window end
+        if surv is None:
+            out: dict[str, Stay] = {}
+            if timed:
+                for name, end in zip(names, windows):
+                    if end is None or end - now_s >= horizon_s:
+                        continue
+                    window = max(0.0, end - now_s)
+                    out[name] = table.stay(max(0.0, now_s - self.since.get(name, now_s)), window, 0)
+            return out
+        n = len(names)
+        ages = now_s - np.fromiter(map(self.since.get, names, repeat(now_s)), dtype=float, count=n)
+        np.maximum(ages, 0.0, out=ages)
+        scales = self._node_scales(names)
+        lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
+        ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
+        f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
+        codes = _indices(ages / f) * (hi - lo + 1) + (scales - lo)
+        exact: list[int] = []
+        if timed:
+            exact = [i for i, end in enumerate(windows)
+                     if end is not None and max(0.0, end - now_s) < horizon_s]
+        last = self._last
+        if (not exact and last is not None and last.table is table and last.names == names
+                and np.array_equal(last.codes, codes)):
+            return last.out
+        uniq, inverse = np.unique(codes, return_inverse=True)
+        per_code = [table.memoised(int(c) // (hi - lo + 1), int(c) % (hi - lo + 1) + lo) for c in uniq]
+        out = dict(zip(names, map(per_code.__getitem__, inverse.tolist())))
+        for i in exact:
+            window = max(0.0, windows[i] - now_s)
+            out[names[i]] = table.stay(float(ages[i]), window, int(scales[i]))
+        self._last = None if exact else _Stays(names, table, codes, out)
         return out
+
+    def _names_of(self, nodes: Sequence[Node]) -> tuple[str, ...]:
+        """The nodes' names (kept for the same sequence object: the cycle's update and stays
+        read one snapshot)."""
+        hit = self._names
+        if hit is not None and hit[0] is nodes:
+            return hit[1]
+        names = tuple(map(_NAME, nodes))
+        self._names = (nodes, names)
+        return names
+
+    def _stay_table(self, surv: list[float] | None, horizon_s: float) -> _StayTable:
+        hit = self._table
+        if hit is not None and hit[0] is surv and hit[1] == horizon_s:
+            return hit[2]
+        table = _StayTable(surv, horizon_s)
+        self._table = (surv, horizon_s, table)
+        return table
+
+    def _node_scales(self, names: tuple[str, ...]) -> np.ndarray:
+        """:meth:`_scale` of every node, vectorised (the same float operations, rounded half to
+        even as ``round`` does); kept while no stretch closed and the pool is the same."""
+        hit = self._scales
+        if hit is not None and hit[0] == self.version and hit[1] == names:
+            return hit[2]
+        n = len(names)
+        if self._log_weight <= 0 or not self._own:
+            scales = np.zeros(n, dtype=np.int64)
+        else:
+            typical = self._log_sum / self._log_weight
+            own = self._own
+            total = np.fromiter((own.get(x, (0.0, 0))[0] for x in names), dtype=float, count=n)
+            count = np.fromiter((own.get(x, (0.0, 0))[1] for x in names), dtype=float, count=n)
+            raw = np.rint((total - count * typical) / (count + NODE_PRIOR) / _LOG_RATIO)
+            scales = np.where(count > 0, raw, 0.0).astype(np.int64)
+        self._scales = (self.version, names, scales)
+        return scales
 
     def _scale(self, name: str) -> int:
         """log_{GRID_RATIO} of the node's time scale ``f_i`` (0: a node like the others)."""
@@ -174,8 +357,6 @@ class IdleHistory:
     def node_scale(self, name: str) -> float:
         """The node's time scale ``f_i`` (1 for a node like the others)."""
         return GRID_RATIO ** self._scale(name)
-
-
 class _StayTable:
     """``S`` on the grid with its running integral, and stays memoised per age interval."""
 
@@ -218,6 +399,15 @@ class _StayTable:
         usable = f * (self.integral((age + upto) / f) - self.integral(age / f)) / sa
         leave = max(leave_window, min(1.0, max(0.0, 1.0 - self.s((age + self.h) / f) / sa)))
         return Stay(min(1.0, max(0.0, usable / self.h)), leave)
+
+    def memoised(self, i: int, scale: int) -> Stay:
+        """The stay shared by ages in grid interval ``i`` (in the node's time) at ``scale``."""
+        hit = self.memo.get((i, scale))
+        if hit is None:
+            f = GRID_RATIO ** scale
+            hit = self._conditional(GRID[i] * f, None, f)
+            self.memo[(i, scale)] = hit
+        return hit
 
     def stay(self, age_s: float, window_s: float | None, scale: int = 0) -> Stay:
         """``scale``: the node's time scale as a power of GRID_RATIO."""

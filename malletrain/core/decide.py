@@ -35,7 +35,6 @@ from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
     DEFAULT_NODE_TYPE,
     NO_OUTLOOK,
-    STAYING,
     Action,
     ActionKind,
     Curve,
@@ -312,8 +311,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         taken = {n for j in snapshot.jobs if j.job_id in targets for n in j.nodes}
         held = {n for j in jobs for n in j.nodes}
         grow = max((j.spec.max_nodes - j.size for j in jobs), default=0)
-        free = FreeOrder([stays.get(n, STAYING) for n in pool if n not in taken and n not in held],
-                         [stays.get(n, STAYING) for n in held], limit=grow)
+        free = FreeOrder.of(stays, pool.keys() - taken - held, held, limit=grow)
     protect = cfg.starvation_s
     speeds: list[float] | None = None
     for j in jobs:

@@ -14,6 +14,10 @@ All three also learn which jobs slow down on slow nodes
 placement gives those the fastest nodes.
 
 ``learn_rescale``, ``availability`` and ``variability`` (CoreConfig) switch each part off.
+Each cycle's :class:`Outlook` reuses what did not change: the pauses while the learner's
+version and the jobs are the same, the sensitivities likewise, the stays as the availability
+model keeps them, and the Outlook object itself when all three are the same objects (so the
+cycle's memo compares it in O(1)).
 Pure: times come from the observations.
 """
 from __future__ import annotations
@@ -35,6 +39,8 @@ from malletrain.domain.model import (
 from malletrain.jpa.rescale import RescaleLearner
 from malletrain.jpa.sensitivity import SensitivityLearner
 
+_NONE: dict = {}     # no stays, no sensitivities (shared: outlooks are read, never changed)
+
 
 class ForecastSource:
     def __init__(self, config: CoreConfig, true_costs: Mapping[str, RescaleCost] | None = None, *,
@@ -48,6 +54,9 @@ class ForecastSource:
         self.learn_errors: list[float] = []     # relative error of learned pauses (replay, see _check)
         self.sensitivity = sensitivity or SensitivityLearner()
         self._mixed: set[str] = set()           # jobs seen on nodes of differing speed or groups
+        self._costs: tuple[tuple, dict[str, RescaleCost]] | None = None     # (what they came from, pauses)
+        self._sensitive: tuple[tuple, dict[str, float]] | None = None
+        self._outlook: Outlook = NO_OUTLOOK
 
     @property
     def active(self) -> bool:
@@ -60,7 +69,7 @@ class ForecastSource:
         if not self.active:
             return
         if self.config.availability:
-            self.history.update(snapshot.now_s, (n.name for n in snapshot.nodes))
+            self.history.observe(snapshot.now_s, snapshot.nodes)
         if self.config.variability and samples:
             held = {j.job_id: j.size for j in snapshot.jobs}
             for s in samples:
@@ -100,6 +109,23 @@ class ForecastSource:
         if not self.active:
             return NO_OUTLOOK
         cfg = self.config
+        costs = self._job_costs(snapshot)
+        stays = (self.history.stays(snapshot.now_s, snapshot.nodes, cfg.horizon_s)
+                 if cfg.availability else _NONE)
+        sensitive = self._job_sensitivity(snapshot)
+        last = self._outlook
+        if last.costs is costs and last.stays is stays and last.sensitive is sensitive:
+            return last
+        self._outlook = Outlook(costs, stays, sensitive)
+        return self._outlook
+
+    def _job_costs(self, snapshot: Snapshot) -> dict[str, RescaleCost]:
+        """The pauses each job is charged (kept while the learner and the jobs are the same)."""
+        key = (self.learner.version,
+               tuple((j.job_id, j.spec.rescale_up_s, j.spec.rescale_down_s) for j in snapshot.jobs))
+        if self._costs is not None and self._costs[0] == key:
+            return self._costs[1]
+        cfg = self.config
         costs: dict[str, RescaleCost] = {}
         for j in snapshot.jobs:
             truth = self.true_costs.get(j.job_id) if cfg.policy != "malletrain" else None
@@ -107,12 +133,20 @@ class ForecastSource:
                 costs[j.job_id] = truth
             elif cfg.learn_rescale:
                 costs[j.job_id] = self.learner.cost(j.job_id, j.spec.rescale_up_s, j.spec.rescale_down_s)
-        stays = (self.history.stays(snapshot.now_s, snapshot.nodes, cfg.horizon_s)
-                 if cfg.availability else {})
+        self._costs = (key, costs)
+        return costs
+
+    def _job_sensitivity(self, snapshot: Snapshot) -> dict[str, float]:
+        """The learned slowdown exponents of the jobs that have one (kept likewise)."""
+        if not self.config.variability:
+            return _NONE
+        key = (self.sensitivity.version, tuple(j.job_id for j in snapshot.jobs))
+        if self._sensitive is not None and self._sensitive[0] == key:
+            return self._sensitive[1]
         sensitive = {}
-        if cfg.variability:
-            for j in snapshot.jobs:
-                est = self.sensitivity.get(j.job_id)
-                if est is not None:
-                    sensitive[j.job_id] = est.slowdown
-        return Outlook(costs, stays, sensitive)
+        for j in snapshot.jobs:
+            est = self.sensitivity.get(j.job_id)
+            if est is not None:
+                sensitive[j.job_id] = est.slowdown
+        self._sensitive = (key, sensitive)
+        return sensitive

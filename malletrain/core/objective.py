@@ -53,9 +53,11 @@ waiting.
 """
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import attrgetter
 
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.model import STAYING, JobState, Node, RescaleCost, Stay
@@ -93,14 +95,26 @@ class FreeOrder:
     ``log(1 − leave_p)`` (whose exp is the chance that none leaves): the free nodes longest
     first, then the nodes other jobs would give up, shortest first (a shrinking job gives up
     the nodes expected to leave first).  Only the first ``limit`` are kept (no job grows by
-    more)."""
+    more).
 
-    def __init__(self, free: Sequence[Stay], held: Sequence[Stay] = (), limit: int | None = None) -> None:
-        k = len(free) + len(held) if limit is None else limit
-        best = heapq.nlargest(min(k, len(free)), free, key=_stays_long)
+    Only the values count, not which node has them: nodes are counted per distinct
+    (fraction, leave_p) (C-level passes; the availability model gives a few dozen distinct
+    stays), the distinct values sorted, and the best ``limit`` expanded from them."""
+
+    def __init__(self, free: Iterable[Stay], held: Iterable[Stay] = (), limit: int | None = None) -> None:
+        free_counts, held_counts = _counts(free), _counts(held)
+        n_free, n_held = sum(free_counts.values()), sum(held_counts.values())
+        k = n_free + n_held if limit is None else limit
+        best = _ranked(free_counts, min(k, n_free), longest=True)
         if len(best) < k:
-            best += heapq.nsmallest(k - len(best), held, key=_stays_long)
+            best += _ranked(held_counts, k - len(best), longest=False)
         self.sums = _prefix(best)
+
+    @classmethod
+    def of(cls, stays: Mapping[str, Stay], free: Iterable[str], held: Iterable[str] = (),
+           limit: int | None = None) -> FreeOrder:
+        """From node names (nodes without a stay count as staying)."""
+        return cls(map(stays.get, free, repeat(STAYING)), map(stays.get, held, repeat(STAYING)), limit)
 
     def take(self, k: int) -> tuple[float, float]:
         """(Σ fraction, Σ log P(stays)) of the best ``k`` (beyond the list, nodes stay)."""
@@ -109,16 +123,39 @@ class FreeOrder:
         return f + (k - m), log_stay
 
 
-def _stays_long(s: Stay) -> tuple[float, float]:
-    return (s.fraction, -s.leave_p)
+_VALUE = attrgetter("fraction", "leave_p")
 
 
-def _prefix(ordered: Sequence[Stay]) -> list[tuple[float, float]]:
+def _counts(stays: Iterable[Stay]) -> Counter[tuple[float, float]]:
+    return Counter(map(_VALUE, stays))
+
+
+def _stays_long(v: tuple[float, float]) -> tuple[float, float]:
+    return (v[0], -v[1])
+
+
+def _ranked(counts: Counter[tuple[float, float]], k: int, longest: bool) -> list[tuple[float, float]]:
+    """The ``k`` (fraction, leave_p) expected to stay longest (``longest``) or shortest, in that
+    order: what ``heapq.nlargest``/``nsmallest`` by (fraction, −leave_p) would give, equal
+    values being interchangeable."""
+    out: list[tuple[float, float]] = []
+    for v in sorted(counts, key=_stays_long, reverse=longest):
+        if len(out) >= k:
+            break
+        out.extend(repeat(v, min(counts[v], k - len(out))))
+    return out
+
+
+def _prefix(ordered: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     f = log_stay = 0.0
     out = [(0.0, 0.0)]
-    for s in ordered:
-        f += s.fraction
-        log_stay += math.log(max(1e-12, 1.0 - s.leave_p))
+    logs: dict[float, float] = {}
+    for fraction, leave_p in ordered:
+        lg = logs.get(leave_p)
+        if lg is None:
+            lg = logs[leave_p] = math.log(max(1e-12, 1.0 - leave_p))
+        f += fraction
+        log_stay += lg
         out.append((f, log_stay))
     return out
 
@@ -137,7 +174,7 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
             return base(n) * pace(max(1, math.ceil(n)))
     c = job.size
     h = horizon_s
-    own = (_prefix(sorted((stays.get(n, STAYING) for n in job.nodes), key=_stays_long, reverse=True))
+    own = (_prefix(_ranked(_counts(map(stays.get, job.nodes, repeat(STAYING))), c, longest=True))
            if stays and c else [(0.0, 0.0)])
     out = [Option(0, 0.0)]
     for n in sorted(set(sizes)):
