@@ -490,7 +490,7 @@ class SlurmBackend:
 
     def _hold(self, job: str) -> None:
         try:
-            self._write(job, ["scontrol", "hold", job])
+            self._write(job, ["scontrol", "uhold", job])
         except SlurmCommandError as exc:
             log.warning("job %s: hold failed: %s", job, exc)
 
@@ -566,8 +566,8 @@ class SlurmBackend:
     def _hold_launching(self, job: str) -> bool:
         """Hold a job we released; False when it started meanwhile (requeue it instead)."""
         if not self._verify(job):
-            raise SlurmCommandError(["scontrol", "hold", job], None, "refused: the job no longer matches")
-        self.runner.write(["scontrol", "hold", job])
+            raise SlurmCommandError(["scontrol", "uhold", job], None, "refused: the job no longer matches")
+        self.runner.write(["scontrol", "uhold", job])
         out = self.runner.read(["squeue", "-h", "-j", job, "-o", "%i|%T|%r"], unknown_job_ok=True)
         state = (out.strip().split("|") + ["", ""])[1]
         return state in ("PENDING", "")

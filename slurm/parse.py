@@ -32,11 +32,13 @@ PENDING otherwise                                     ``pending``: released by u
                                                       (starting), or requeued by
                                                       preemption (held again)
 CONFIGURING, RUNNING                                  ``running`` on its nodes
-COMPLETING, REQUEUED, REQUEUE_HOLD, RESIZING,         ``moving``: nodes not
-PREEMPTED, SUSPENDED, STOPPED, SIGNALING, STAGE_OUT   harvestable, job pinned
-COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL,     ``finished``
-OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, SPECIAL_EXIT,
-REVOKED
+COMPLETING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED,      ``moving``: nodes not
+RESIZING, SUSPENDED, STOPPED, SIGNALING, STAGE_OUT,   harvestable, job pinned
+RESV_DEL_HOLD, any state word not named here
+COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL,     ``finished``: Slurm's
+OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, SPECIAL_EXIT,     terminal states (what the
+REVOKED, PREEMPTED (PreemptMode=CANCEL; under         safety net makes of each:
+REQUEUE a preempted job goes back to PENDING)         daemon/recovery.py)
 ====================================================  =========================
 """
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Phase(enum.Enum):
 
 _RUNNING = {"RUNNING", "CONFIGURING"}
 _FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-             "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+             "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED", "PREEMPTED"}
 
 
 def is_held(reason: str) -> bool:

@@ -95,9 +95,11 @@ class FakeSlurm:
             for n in j["nodes"]:
                 self.nodes[n] = "idle"
             j.update(state="PENDING", reason="job requeued in held state", nodes=())
-        elif verb == "hold":   # like Slurm: a running job keeps running
+        elif verb in ("hold", "uhold"):   # like Slurm: a running job keeps running
+            # an operator's or admin's `hold` is an admin hold its owner cannot release; `uhold`
+            # is a user hold (22.05, 24.11, 26.05: tests/test_slurm_live.py)
             if self.jobs[rest[0]]["state"] == "PENDING":
-                self.jobs[rest[0]].update(reason="JobHeldUser")
+                self.jobs[rest[0]].update(reason="JobHeldUser" if verb == "uhold" else "JobHeldAdmin")
         elif verb == "update":
             kv = dict(a.split("=", 1) for a in rest)
             self.jobs[kv["jobid"]]["req"] = kv["ReqNodeList"]

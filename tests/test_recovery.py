@@ -41,6 +41,47 @@ def test_finished_cancelled_and_unknowable_jobs_are_left_alone():
     assert sorted(r.retry_at) == ["5", "6"]
 
 
+# Every terminal state Slurm has (squeue --help), and what the safety net makes of it without a
+# final 'done' record: "retry" (lost work, a failure with back-off and a strike), "now" (requeued at
+# once, not a failure, no strike) or "left" (someone chose this end).
+TERMINAL = {"BOOT_FAIL": "retry", "CANCELLED": "left", "COMPLETED": "retry", "DEADLINE": "left",
+            "FAILED": "retry", "NODE_FAIL": "retry", "OUT_OF_MEMORY": "retry", "PREEMPTED": "now",
+            "REVOKED": "left", "SPECIAL_EXIT": "left", "TIMEOUT": "retry"}
+
+
+def test_every_terminal_slurm_state_has_its_verdict():
+    from malletrain.slurm.parse import Phase, phase_of
+    for state, verdict in TERMINAL.items():
+        assert phase_of(state, "None") is Phase.FINISHED, state
+        r = Recovery(CFG)
+        out = r.step(0, {"7": Ended(state, False, ("n1",))}, {}, {"7"})
+        if verdict == "left":
+            assert out == [] and not r.retry_at and not r.failures, state
+        elif verdict == "now":
+            (d,) = out
+            assert d.kind == RETRY and "not counted as a failure" in d.reason, state
+            assert not r.failures and not r.strikes and not r.retry_at, state
+        else:
+            assert out == [] and r.retry_at == {"7": 10} and r.failures == {"7": 1}, state
+            assert r.strikes == {"n1": [0]}, state
+        done = Recovery(CFG)               # with its final record, every one of them is finished
+        assert done.step(0, {"7": Ended(state, True, ("n1",))}, {}, {"7"}) == [] and not done.retry_at
+    r = Recovery(CFG)                      # a state word Slurm may add one day: lost work, not finished
+    r.step(0, {"7": Ended("SOMETHING_NEW", False)}, {}, {"7"})
+    assert r.retry_at == {"7": 10}
+
+
+def test_a_job_preempted_again_and_again_is_never_given_up():
+    """PreemptMode=CANCEL: each time a primary job takes its nodes the job is requeued again;
+    preemptions never exhaust max_failures (nothing lost)."""
+    r = Recovery(CFG)
+    for t in range(0, 100, 10):
+        (d,) = r.step(t, {"7": Ended("PREEMPTED", False, ("n1",))}, {}, {"7"})
+        assert d.kind == RETRY
+        r.step(t + 1, {}, {}, {"7"})       # queued again
+    assert not r.given_up and not r.excluded
+
+
 def test_a_job_that_stops_reporting_is_hung():
     r = Recovery(CFG)
     run = {"7": Running(("n1", "n2"), None, 0.5)}

@@ -12,12 +12,24 @@ Slurm state / last progress record     what happens
 any, and an ``exit`` record with       finished: nothing to do
 ``"reason": "done"``
 CANCELLED                              its owner (or an admin) cancelled it: left
+DEADLINE                               its owner's ``--deadline`` passed: left (a
+                                       requeued run would be cancelled again)
+REVOKED                                a federation sibling runs it: left
+SPECIAL_EXIT                           requeued held by the site's epilog on an exit
+                                       code it singles out: left for its owner
 COMPLETED, no record facility          finished as far as anyone can tell: left
+PREEMPTED (``PreemptMode=CANCEL``:     taken by a primary job, no fault of its own:
+Slurm cancelled it for a primary job)  requeued held at once, same job id; not a
+                                       failure, no strike against its nodes
 anything else (FAILED, TIMEOUT,        lost work: requeued held, same job id, after
-NODE_FAIL, OUT_OF_MEMORY, COMPLETED    ``retry_backoff_s`` (doubling per failure),
-without ``done``, …)                   up to ``max_failures`` times; then held for
+NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY,   ``retry_backoff_s`` (doubling per failure),
+COMPLETED without ``done``, …)         up to ``max_failures`` times; then held for
                                        good with the reason (``status``/``explain``)
 =====================================  ===========================================
+
+These are all of Slurm's terminal job states (``squeue --help``: BOOT_FAIL, CANCELLED,
+COMPLETED, DEADLINE, FAILED, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, REVOKED, SPECIAL_EXIT,
+TIMEOUT); a state word not among them is treated as lost work, never as finished.
 
 A running job that has reported progress since it last started and then
 reports nothing for ``max(hang_floor_s, hang_factor x its step time)`` is
@@ -36,6 +48,8 @@ from typing import Any
 
 RETRY = "retry"
 GIVE_UP = "give-up"
+LEFT_ALONE = frozenset({"CANCELLED", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})   # someone chose this end
+PREEMPTED = "PREEMPTED"     # cancelled by Slurm for a primary job (PreemptMode=CANCEL)
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,13 @@ class Recovery:
                 continue
             self.handled.add(job)
             why = self._lost(e)
-            if why is not None:
+            if why is None:
+                continue
+            if e.state == PREEMPTED:        # the infrastructure's doing: run it again, no strike
+                self.retry_at.pop(job, None)
+                out.append(Decision(job, RETRY, f"{why} (Slurm cancelled it for a primary job); requeued, "
+                                                "not counted as a failure"))
+            else:
                 out += self._failed(job, now, why, e.nodes, ended=True)
         for job, when in sorted(self.retry_at.items()):
             if when <= now and job in ended:
@@ -135,7 +155,7 @@ class Recovery:
     def _lost(e: Ended) -> str | None:
         if e.done:
             return None
-        if e.state == "CANCELLED":
+        if e.state in LEFT_ALONE:
             return None
         if e.state == "COMPLETED" and e.done is None:
             return None
