@@ -36,6 +36,7 @@ from typing import TypeGuard
 from malletrain.domain.config import read_yaml, reject_unknown
 from malletrain.domain.errors import InputError
 from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S, MAX_JOB_NODES, MAX_PAUSE_S
+from malletrain.domain.safefile import write_atomic
 from malletrain.domain.text import clipped, shown
 from malletrain.domain.timeutil import is_slurm_time
 
@@ -247,11 +248,10 @@ def load_state(spec: Spec) -> dict:
 
 
 def save_state(spec: Spec, st: dict) -> None:
+    """Replace ``campaign.json`` atomically: a new private file of random name (``O_EXCL``,
+    never through a symlink a teammate planted), renamed over it."""
     os.makedirs(spec.dir, exist_ok=True)
-    tmp = state_path(spec) + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(st, fh, indent=1)
-    os.replace(tmp, state_path(spec))
+    write_atomic(state_path(spec), json.dumps(st, indent=1).encode(), 0o600)
 
 
 def plan_trials(spec: Spec, st: dict, token_of) -> list[dict]:
@@ -304,9 +304,8 @@ def submit_campaign(spec: Spec, submit_one, token_of, *, queued: set[str] | None
                 save_state(spec, st)
                 continue
         d = os.path.join(spec.dir, t["id"])
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "params.json"), "w", encoding="utf-8") as fh:
-            json.dump(t["params"], fh)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        write_atomic(os.path.join(d, "params.json"), json.dumps(t["params"]).encode(), 0o600)
         t["submitting"] = True
         save_state(spec, st)
         t["job"] = submit_one(f"{spec.name}-{t['id']}", trial_command(spec, t), t["token"])

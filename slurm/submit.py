@@ -19,6 +19,7 @@ from importlib import resources
 
 from malletrain.domain.errors import InputError
 from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S
+from malletrain.domain.safefile import write_atomic
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import is_slurm_time
 from malletrain.slurm.parse import TAG_FORMAT, Tag, parse_tag, parse_tag_record, tag_problem
@@ -172,7 +173,10 @@ def submit_job(runner: Runner, partition: str, command: list[str], *, token: str
     script_path = os.path.join(metrics_dir, f"job-{token}.sbatch")
     argv, script = build_submission(command, metrics_dir=metrics_dir, partition=partition,
                                     token=token, script_path=script_path, **spec)
-    with open(script_path, "w", encoding="utf-8") as fh:
-        fh.write(script)
-    os.chmod(script_path, 0o755)
+    # private (0700: only its owner reads it; sbatch sends Slurm a copy), written to a new file
+    # of random name (O_EXCL|O_NOFOLLOW) renamed over the name: never through a planted symlink
+    try:
+        write_atomic(script_path, script.encode("utf-8"), 0o700)
+    except OSError as exc:
+        raise InputError(f"cannot write the batch script: {exc.strerror or exc}", path=script_path) from None
     return submit(runner, argv, token, partition)

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import stat
 import sys
 import time
 import uuid
@@ -18,6 +19,7 @@ from malletrain.cli.args import say
 from malletrain.daemon.status import DaemonStatus, read_status
 from malletrain.domain.config import Config, SlurmConfig, load_config
 from malletrain.domain.errors import InputError
+from malletrain.domain.safefile import writable_by_others
 from malletrain.domain.text import shown
 from malletrain.slurm.submit import LAUNCHES
 
@@ -44,11 +46,24 @@ def metrics_dir_path(given: str | None) -> str:
 
 
 def make_dir(d: str, what: str = "metrics directory") -> str:
-    """Create ``d`` (and its parents); :class:`InputError` naming it when that is impossible."""
+    """Create ``d`` (and its parents) 0755 whatever the umask (the daemon, another account,
+    must reach the progress files below it; nobody else may write it); :class:`InputError`
+    naming it when that is impossible, or when others than its owner may write it: the job's
+    batch script, output and progress file go there under names a teammate could predict and
+    redirect, and the daemon reads no progress file there."""
+    existed = os.path.isdir(d)
     try:
         os.makedirs(d, mode=0o755, exist_ok=True)
+        if not existed:
+            os.chmod(d, 0o755)
+        info = os.stat(d)
     except OSError as exc:
         raise InputError(f"cannot create the {what}: {exc.strerror or exc}", path=d) from None
+    if writable_by_others(info):
+        raise InputError(f"the {what} may be written by others than its owner (mode "
+                         f"{stat.S_IMODE(info.st_mode):04o}): files written there under predictable "
+                         "names could be redirected; use a directory only you can write "
+                         "(chmod go-w)", path=d)
     if not os.access(d, os.W_OK | os.X_OK):
         raise InputError(f"the {what} is not writable", path=d)
     return d

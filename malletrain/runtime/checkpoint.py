@@ -6,8 +6,10 @@ File layout (``ckpt-<step:09d>.pt`` in the job's checkpoint directory)::
     sha256(payload) hex    64 bytes
     payload                torch.save() of the state dict
 
-A write goes to ``<name>.tmp.<pid>``, is fsynced, then renamed over the final
-name, so a reader sees either the old set of files or the new one.  On
+A write goes to ``<name>.tmp.<pid>.<random>`` (created ``O_EXCL|O_NOFOLLOW``, mode
+0600: checkpoints are private by default, and a new checkpoint directory is 0700), is
+fsynced, then renamed over the final name, so a reader sees either the old set of
+files or the new one.  Files are read without following a symlink, regular files only.  On
 restore the newest file that has the magic, the right checksum and loads
 wins; a newer file that fails is renamed ``*.corrupt`` (so it no longer
 counts against K) and a warning names it.  Loading uses
@@ -24,14 +26,18 @@ import io
 import logging
 import os
 import re
+import secrets
+import stat
 import time
 from dataclasses import dataclass
+
+from malletrain.domain.safefile import create_exclusive
 
 log = logging.getLogger("malletrain.runtime")
 
 MAGIC = b"MLTCKPT1"
 NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
-TMP = re.compile(r"^ckpt-\d{9}\.pt\.tmp\.(\d+)$")
+TMP = re.compile(r"^ckpt-\d{9}\.pt\.tmp\.(\d+)(?:\.[0-9a-f]{12})?$")
 CORRUPT = re.compile(r"^ckpt-\d{9}\.pt\.corrupt$")
 STALE_TMP_S = 600.0
 KEEP_CORRUPT = 2
@@ -55,10 +61,10 @@ class Restored:
 
 
 class CheckpointStore:
-    def __init__(self, directory: str, keep: int = 3) -> None:
+    def __init__(self, directory: str, keep: int = 3, mode: int = 0o600) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
-        self.directory, self.keep = directory, keep
+        self.directory, self.keep, self.mode = directory, keep, mode
 
     def path(self, step: int) -> str:
         return os.path.join(self.directory, f"ckpt-{step:09d}.pt")
@@ -78,10 +84,11 @@ class CheckpointStore:
         torch.save(state, buf)
         payload = buf.getbuffer()
         digest = hashlib.sha256(payload).hexdigest().encode()
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         final = self.path(step)
-        tmp = f"{final}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as fh:
+        # a name nobody can plant a symlink under in advance, created O_EXCL|O_NOFOLLOW, 0600
+        tmp = f"{final}.tmp.{os.getpid()}.{secrets.token_hex(6)}"
+        with os.fdopen(create_exclusive(tmp, self.mode), "wb") as fh:
             fh.write(MAGIC)
             fh.write(digest)
             fh.write(payload)
@@ -115,7 +122,11 @@ class CheckpointStore:
     def read(path: str) -> dict:
         """The state in one file; ValueError when it is partial or corrupt."""
         import torch
-        with open(path, "rb") as fh:
+        # never through a symlink, never a FIFO or device planted under a checkpoint's name
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a regular file")
             blob = fh.read()
         if len(blob) < 72 or blob[:8] != MAGIC:
             raise ValueError("no checkpoint header (partial or foreign file)")

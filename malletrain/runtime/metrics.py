@@ -8,15 +8,21 @@ Rank 0 appends one JSON object per line to ``$MALLETRAIN_METRICS``::
 ``progress`` records are rate-limited to one per ``min_interval_s``; ``start``,
 ``checkpoint`` and ``exit`` always go out.  Lines are written and flushed by a
 background thread from a bounded queue: a slow or full filesystem drops
-records (counted) instead of stalling a training step.
+records (counted) instead of stalling a training step.  The file is created
+``O_EXCL`` or appended to only if it is a regular file of this user's (never
+through a symlink or into a FIFO a teammate planted under the predictable name),
+and kept 0644: the daemon, another account, reads it.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
+
+from malletrain.domain.safefile import open_append
 
 log = logging.getLogger("malletrain.runtime")
 
@@ -54,19 +60,27 @@ class MetricsWriter:
     def _drain(self) -> None:
         assert self.path is not None    # started only with a path
         fh = None
+        warned = False
         while True:
             line = self._q.get()
             if line is None:
                 break
             try:
-                if fh is None:
-                    fh = open(self.path, "a", encoding="utf-8")
+                if fh is None:   # never through a planted symlink or FIFO; 0644 for the daemon
+                    fh = os.fdopen(open_append(self.path, 0o644), "a", encoding="utf-8")
                 fh.write(line)
                 fh.flush()
                 self.written += 1
             except OSError as exc:
                 self.dropped += 1
-                log.warning("cannot write progress record to %s: %s", self.path, exc)
+                if not warned:      # once: a refused or failing file would repeat it every record
+                    log.warning("cannot write progress record to %s: %s", self.path, exc)
+                    warned = True
+                if fh is not None:
+                    try:
+                        fh.close()
+                    except OSError:
+                        pass
                 fh = None
         if fh is not None:
             fh.close()

@@ -95,7 +95,7 @@ class Runtime:
         if self.info.world > 1:
             self._init_group()
         self.store = CheckpointStore(cfg.checkpoint_dir, cfg.keep)
-        os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+        os.makedirs(cfg.checkpoint_dir, mode=0o700, exist_ok=True)   # private by default
         self.stop = StopRequest(deadline_s=cfg.deadline_s).install()
         base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
                     node=self.info.node, restart=self.info.restart)
