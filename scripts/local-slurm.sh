@@ -5,7 +5,12 @@
 # (partition-priority preemption, REQUEUE, GraceTime, whole-node allocation).
 #
 #   scripts/local-slurm.sh up [--slurm V] [--accounting] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]
+#                             [--min-job-age S] [--preempt-mode requeue|cancel]
 #   scripts/local-slurm.sh add-user NAME [--dir DIR]                 (with --accounting)
+#
+# --min-job-age S: how long slurmctld keeps an ended job (MinJobAge, default 600; short values
+# make it purge ended jobs soon, as some sites do).  --preempt-mode cancel: Slurm cancels a
+# preempted scavenger job (it ends PREEMPTED) instead of requeueing it (default requeue).
 #
 # --rest PORT adds JWT authentication (AuthAltTypes=auth/jwt, a key in DIR/etc) and
 # runs slurmrestd as `nobody` on 127.0.0.1:PORT; `scontrol token` gives a token.
@@ -41,7 +46,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CMD="${1:-}"; shift || true
 case "$CMD" in -h|--help) set -- --help ;; esac
-NODES=4; GRACE=10; MAXJOBS=10000; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0; REST=0
+NODES=4; GRACE=10; MAXJOBS=10000; MINJOBAGE=600; PREEMPT=requeue; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0; REST=0
 ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -50,11 +55,13 @@ while [ $# -gt 0 ]; do
         --nodes) NODES="$2"; shift 2 ;;
         --grace) GRACE="$2"; shift 2 ;;
         --max-jobs) MAXJOBS="$2"; shift 2 ;;
+        --min-job-age) MINJOBAGE="$2"; shift 2 ;;
+        --preempt-mode) PREEMPT="$2"; shift 2 ;;
         --cloud-nodes) CLOUD="$2"; shift 2 ;;
         --rest) REST="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --dir DIR, --cloud-nodes M, --rest PORT)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --min-job-age S, --preempt-mode M, --dir DIR, --cloud-nodes M, --rest PORT)" >&2; exit 2 ;;
         *) ARGS+=("$1"); shift ;;
     esac
 done
@@ -62,6 +69,8 @@ done
 [[ "$GRACE" =~ ^[0-9]+$ ]] || { echo "local-slurm: --grace must be whole seconds" >&2; exit 2; }
 [[ "$REST" =~ ^[0-9]{1,5}$ ]] || { echo "local-slurm: --rest must be a TCP port (0 = no slurmrestd)" >&2; exit 2; }
 [[ "$CLOUD" =~ ^[0-9]{1,5}$ ]] || { echo "local-slurm: --cloud-nodes must be an integer below 100000" >&2; exit 2; }
+[[ "$MINJOBAGE" =~ ^[0-9]{1,6}$ ]] && [ "$MINJOBAGE" -ge 2 ] || { echo "local-slurm: --min-job-age must be whole seconds, 2 to 999999" >&2; exit 2; }
+case "$PREEMPT" in requeue|cancel) ;; *) echo "local-slurm: --preempt-mode must be requeue or cancel" >&2; exit 2 ;; esac
 [[ "$MAXJOBS" =~ ^[1-9][0-9]{0,6}$ ]] || { echo "local-slurm: --max-jobs must be a positive integer (< 10^7)" >&2; exit 2; }
 case "$SLURM" in
     host|22.05|24.11|26.05) ;;
@@ -229,7 +238,7 @@ JobRequeue=1
 ReturnToService=2
 MpiDefault=none
 KillWait=$((GRACE > 5 ? GRACE : 5))
-MinJobAge=600
+MinJobAge=$MINJOBAGE
 MaxJobCount=$MAXJOBS
 SlurmctldTimeout=30
 SlurmdTimeout=60
@@ -239,7 +248,7 @@ NodeName=n[1-$NODES] NodeAddr=127.0.0.1 Port=[$NODE_PORT0-$((NODE_PORT0 + NODES 
 $( [ "$CLOUD" -gt 0 ] && echo "NodeName=c[1-$CLOUD] CPUs=4 RealMemory=2000 Gres=gpu:4 State=CLOUD" )
 $( [ "$CLOUD" -gt 0 ] && echo "PrivateData=cloud" )
 PartitionName=batch     Nodes=n[1-$NODES]${CLOUD_LIST} Default=YES PriorityTier=10 PreemptMode=OFF     OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP
-PartitionName=scavenger Nodes=n[1-$NODES]${CLOUD_LIST} Default=NO  PriorityTier=1  PreemptMode=REQUEUE OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP GraceTime=$GRACE
+PartitionName=scavenger Nodes=n[1-$NODES]${CLOUD_LIST} Default=NO  PriorityTier=1  PreemptMode=${PREEMPT^^} OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP GraceTime=$GRACE
 EOF
     cat > "$DIR/etc/gres.conf" <<EOF
 NodeName=n[1-$NODES] Name=gpu File=$DIR/dev/gpu[0-3]
@@ -459,7 +468,7 @@ case "$CMD" in
         [ "$ACCT" = 1 ] && install_accounting      # before resolve_slurm copies /etc/passwd
         resolve_slurm
         mkdir -p "$DIR"
-        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD $REST"
+        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD $REST $MINJOBAGE $PREEMPT"
         if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$SHAPE" ]; then
             log "shape changed ($(cat "$DIR/shape") -> $SHAPE): restarting from a clean state"
             down; rm -rf "$DIR/state" "$DIR/spool"

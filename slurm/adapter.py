@@ -30,6 +30,7 @@ to preempt it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -138,6 +139,8 @@ class SlurmBackend:
         self.present: set[str] = set()             # every job id in the queue this cycle
         self.excluded: Mapping[str, object] = {}    # nodes left out of harvesting (the daemon's safety net)
         self.given_up: Mapping[str, str] = {}       # jobs held for good: never started again
+        self._requeued_wall_s = 0.0                 # wall clock of the last requeuehold (_wait_held)
+        self.not_before: Mapping[str, float] = {}   # requeued after a failure: held until its back-off ends
         self.ended_watch: set[str] = set()          # ended tagged jobs still read (the safety net's)
         self._ended_backlog: set[str] = set()       # jobs that left the queue, not yet read (too many at once)
         # whether a job's work already ended 'done' (its progress file, read by the daemon): such a
@@ -446,6 +449,8 @@ class SlurmBackend:
         elif phase is Phase.HELD:
             if book.launching or book.running:
                 self._put(r.job_id, replace(book, launching=(), running=()))
+            if self.not_before.get(r.job_id, 0.0) > now:    # back-off after a failure: not yet
+                return None
         else:   # moving or finished: not part of this decision
             return None
         pool.update(nodes)   # a job's own nodes are always part of the pool it is judged on
@@ -534,6 +539,7 @@ class SlurmBackend:
                 else:
                     self._put(a.job_id, replace(book, running=(), last_change_s=now, change_hold_s=now))
                     self.runner.write(["scontrol", "requeuehold", a.job_id])
+                    self._requeued_wall_s = time.time()
                     if a.kind is ActionKind.STOP:
                         self.events.stops += 1
                     else:
@@ -610,7 +616,11 @@ class SlurmBackend:
     def _wait_held(self, actions: list[Action]) -> set[str]:
         """Jobs that are back to PENDING held *and* whose old nodes finished completing,
         seen so on two polls in a row: a batch step that is still exiting when the job
-        is released again would otherwise complete the new run (observed on 22.05)."""
+        is released again would otherwise complete the new run (observed on 22.05).  And
+        never within the wall-clock second of the requeue: slurmd refuses a launch whose
+        credential was made in the second its job's credentials were revoked ("Killing
+        non-startable batch job: Job credential revoked", seen on 22.05 after a grow released
+        0.7 s after its requeuehold; the job then ends FAILED)."""
         jobs = [a.job_id for a in actions]
         old = {a.job_id: set(a.from_nodes) for a in actions}
         deadline = time.monotonic() + self.daemon.rescale_wait_s
@@ -631,6 +641,7 @@ class SlurmBackend:
                 log.warning("cannot poll requeued jobs: %s", exc)
             ready = held & seen_once
             seen_once = held
-            if ready >= set(jobs) or time.monotonic() > deadline:
-                return ready
+            settled = time.time() >= math.floor(self._requeued_wall_s) + 1.0
+            if (ready >= set(jobs) and settled) or time.monotonic() > deadline:
+                return ready if settled else set()
             time.sleep(0.5)

@@ -44,13 +44,14 @@ def operator_malletrain(tmp_path_factory):
 def cluster(request, operator_malletrain):
     """The test cluster (scripts/local-slurm.sh, 4 nodes), up for one test module: the
     host's Slurm, or the release a test names with
-    ``@pytest.mark.parametrize("cluster", VERSIONS, indirect=True)``."""
+    ``@pytest.mark.parametrize("cluster", VERSIONS, indirect=True)``; a module's ``CLUSTER_ARGS``
+    go to ``local-slurm.sh up`` (another shape restarts the cluster from a clean state)."""
     from live import Cluster
     if os.geteuid() != 0:
         pytest.fail("the real-Slurm tests need root (slurmd); run the test command as root")
     c = Cluster(getattr(request, "param", "host"))
     c.operator = operator_malletrain
-    c.up()
+    c.up(*getattr(request.module, "CLUSTER_ARGS", ()))     # a module may ask for e.g. --min-job-age
     c.clean()
     yield c
     c.clean()

@@ -31,6 +31,9 @@ from live import GRACE_S, ROOT, DaemonProc
 from malletrain.slurm.parse import expand
 
 pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.torch]
+# slurmctld forgets ended jobs after 10 s (a short MinJobAge, issue #22): a trial's job may be purged
+# while the daemon is down (kill -9).  hang_floor_s stays below the default (120 s < 600 s): stricter.
+CLUSTER_ARGS = ("--min-job-age", "10")
 
 EXAMPLE = os.path.join(ROOT, "examples", "train", "digits_train.py")
 STEPS = 12000

@@ -17,6 +17,9 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
     (["--cloud-nodes", "100000"], "--cloud-nodes must be an integer"),
     (["--nodes", "0"], "--nodes must be a positive integer"),
     (["--max-jobs", "1e9"], "--max-jobs must be a positive integer"),
+    (["--min-job-age", "1"], "--min-job-age must be whole seconds"),
+    (["--min-job-age", "ten"], "--min-job-age must be whole seconds"),
+    (["--preempt-mode", "suspend"], "--preempt-mode must be requeue or cancel"),
     (["--bogus"], "unknown option --bogus"),
 ])
 def test_bad_options_exit_2_before_doing_anything(tmp_path, args, needle):
@@ -29,5 +32,6 @@ def test_bad_options_exit_2_before_doing_anything(tmp_path, args, needle):
 def test_help_names_every_option():
     out = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
-    for opt in ("--slurm", "--accounting", "--cloud-nodes", "--rest", "add-user", "--max-jobs"):
+    for opt in ("--slurm", "--accounting", "--cloud-nodes", "--rest", "add-user", "--max-jobs", "--min-job-age",
+                "--preempt-mode"):
         assert opt in out.stdout, opt

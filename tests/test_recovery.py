@@ -14,17 +14,18 @@ CFG = RecoveryConfig(max_failures=2, retry_backoff_s=10, retry_backoff_max_s=15,
                      hang_factor=10, node_strikes=2, node_cooldown_s=100)
 
 
-def test_what_ended_without_a_result_is_retried_with_backoff_then_given_up():
+def test_what_ended_without_a_result_is_requeued_at_once_started_after_backoff_then_given_up():
+    """Requeued held at once (slurmctld may purge an ended job MinJobAge after it ended: a job left
+    ended through its back-off could be lost); the back-off delays its next start (retry_at)."""
     r = Recovery(CFG)
     lost = {"7": Ended("FAILED", False, ("n1",))}
-    assert r.step(0, lost, {}, {"7"}) == []                    # backoff first
-    assert r.step(5, lost, {}, {"7"}) == []
-    (d,) = r.step(10, lost, {}, {"7"})
+    (d,) = r.step(0, lost, {}, {"7"})
     assert d.kind == RETRY and "failure 1 of at most 2" in d.reason and "FAILED" in d.reason
-    assert r.step(11, {}, {}, {"7"}) == []                     # running again
-    assert r.step(20, lost, {}, {"7"}) == []
-    (d,) = r.step(35, lost, {}, {"7"})                         # 10 * 2, capped at 15
-    assert d.kind == RETRY and "failure 2" in d.reason
+    assert "after 10s at the earliest" in d.reason and r.retry_at == {"7": 10}
+    assert r.step(5, {}, {}, {"7"}) == [] and r.retry_at == {"7": 10}     # held: not started yet
+    assert r.step(10, {}, {}, {"7"}) == [] and r.retry_at == {}           # may start again
+    (d,) = r.step(20, lost, {}, {"7"})
+    assert d.kind == RETRY and "failure 2" in d.reason and r.retry_at == {"7": 35}   # 10 * 2, capped at 15
     r.step(36, {}, {}, {"7"})
     (d,) = r.step(40, lost, {}, {"7"})
     assert d.kind == GIVE_UP and "failed 3 times" in d.reason and r.given_up["7"] == d.reason
@@ -62,7 +63,8 @@ def test_every_terminal_slurm_state_has_its_verdict():
             assert d.kind == RETRY and "not counted as a failure" in d.reason, state
             assert not r.failures and not r.strikes and not r.retry_at, state
         else:
-            assert out == [] and r.retry_at == {"7": 10} and r.failures == {"7": 1}, state
+            (d,) = out
+            assert d.kind == RETRY and r.retry_at == {"7": 10} and r.failures == {"7": 1}, state
             assert r.strikes == {"n1": [0]}, state
         done = Recovery(CFG)               # with its final record, every one of them is finished
         assert done.step(0, {"7": Ended(state, True, ("n1",))}, {}, {"7"}) == [] and not done.retry_at
@@ -125,7 +127,7 @@ def test_state_survives_a_restart():
     again.load(json.loads(json.dumps(r.dump())))
     assert again.dump() == r.dump()
     assert again.step(0, {"7": Ended("FAILED", False, ("n1",))}, {}, {"7"}) == []   # handled, once
-    assert again.step(10, {"7": Ended("FAILED", False, ("n1",))}, {}, {"7"})[0].kind == RETRY
+    assert again.retry_at == {"7": 10} and again.failures == {"7": 1}     # its back-off goes on
 
 
 # ---------------------------------------------------------------- through the daemon
@@ -257,5 +259,45 @@ def test_many_jobs_leaving_at_once_are_all_read_over_several_cycles(tmp_path, mo
             clock["t"] += 2
             d.cycle_once()
         assert sorted(c[2] for c in fake.calls if c[:2] == ["scontrol", "requeuehold"]) == ["11", "12", "13"]
+    finally:
+        d.store.close()
+
+
+def test_a_failed_job_is_requeued_before_slurm_can_forget_it_and_started_after_its_backoff(tmp_path):
+    """A site with a short MinJobAge purges an ended job within seconds: the daemon requeues it
+    (held) in the cycle it sees it ended, and waits out the back-off before starting it again.
+    Before, the requeue itself waited for the back-off, and a job purged meanwhile was lost."""
+    from malletrain.slurm.parse import Tag
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    os.chmod(tmp_path, 0o755)
+    fake = FakeSlurm()
+    held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    d, clock = _daemon(tmp_path, fake, retry_backoff_s=30, max_failures=3)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        clock["t"] += 2
+        d.cycle_once()
+        assert fake.jobs["7"]["state"] == "RUNNING"
+        fake.end("7", "FAILED")
+        fake.calls.clear()
+        clock["t"] += 2
+        d.cycle_once()
+        assert ("requeuehold", "7") in _writes(fake)
+        for jid in [j for j, r in fake.jobs.items() if r["state"] in ("FAILED", "COMPLETED", "CANCELLED")]:
+            fake.purge(jid)                      # MinJobAge: every ended job forgotten
+        assert fake.jobs["7"]["state"] == "PENDING"
+        fake.calls.clear()
+        for _ in range(10):                      # 20 s < 30 s of back-off: held
+            clock["t"] += 2
+            d.cycle_once()
+            fake.run_pending()
+        assert _writes(fake) == [] and fake.jobs["7"]["state"] == "PENDING"
+        for _ in range(8):                       # past it: started again, same id
+            clock["t"] += 2
+            d.cycle_once()
+            fake.run_pending()
+        assert fake.jobs["7"]["state"] == "RUNNING"
     finally:
         d.store.close()

@@ -126,7 +126,7 @@ class Daemon:
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             log.warning("stored safety-net state unreadable, starting it afresh: %s", exc)
         self.backend.excluded, self.backend.given_up = self.recovery.excluded, self.recovery.given_up
-        self.backend.ended_watch = set(self.recovery.retry_at)    # requeues still due
+        self.backend.not_before = self.recovery.retry_at          # requeued jobs in back-off
         self._recovery_saved = self.recovery.dump()
         self.backend.finished_work = self.progress.finished
         self.source = CurveSource(self.config.core)
@@ -264,7 +264,7 @@ class Daemon:
                 if self.backend.cancel_finished(job, why):
                     self.metrics.decisions.labels(code=ReasonCode.FINISHED.value).inc()
             # keep reading the ended jobs whose requeue waits out its back-off, no others
-            self.backend.ended_watch &= set(self.recovery.retry_at) | unread
+            self.backend.ended_watch &= unread
             state = self.recovery.dump()
             if state != self._recovery_saved:
                 self.store.put("recovery", state)

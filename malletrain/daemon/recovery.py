@@ -21,11 +21,17 @@ COMPLETED, no record facility          finished as far as anyone can tell: left
 PREEMPTED (``PreemptMode=CANCEL``:     taken by a primary job, no fault of its own:
 Slurm cancelled it for a primary job)  requeued held at once, same job id; not a
                                        failure, no strike against its nodes
-anything else (FAILED, TIMEOUT,        lost work: requeued held, same job id, after
-NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY,   ``retry_backoff_s`` (doubling per failure),
-COMPLETED without ``done``, …)         up to ``max_failures`` times; then held for
-                                       good with the reason (``status``/``explain``)
+anything else (FAILED, TIMEOUT,        lost work: requeued held at once, same job id,
+NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY,   started again no earlier than ``retry_backoff_s``
+COMPLETED without ``done``, …)         later (doubling per failure), up to
+                                       ``max_failures`` times; then held for good with
+                                       the reason (``status``/``explain``)
 =====================================  ===========================================
+
+The requeue is never delayed: slurmctld forgets an ended job ``MinJobAge`` after it ended (some
+sites set seconds), and a job left ended through its back-off could be purged and lost.  The
+back-off delays the next start instead (``retry_at``: the backend leaves a held job out of the
+decision until then).
 
 These are all of Slurm's terminal job states (``squeue --help``: BOOT_FAIL, CANCELLED,
 COMPLETED, DEADLINE, FAILED, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, REVOKED, SPECIAL_EXIT,
@@ -91,8 +97,7 @@ class Decision:
 class Recovery:
     config: RecoveryConfig = field(default_factory=RecoveryConfig)
     failures: dict[str, int] = field(default_factory=dict)
-    retry_at: dict[str, float] = field(default_factory=dict)
-    pending_reason: dict[str, str] = field(default_factory=dict)
+    retry_at: dict[str, float] = field(default_factory=dict)     # requeued; not started before
     given_up: dict[str, str] = field(default_factory=dict)
     handled: set[str] = field(default_factory=set)
     since: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
@@ -107,7 +112,7 @@ class Recovery:
         node count, which bounds how many may rest at once)."""
         self.pool_size = pool_size
         present = set(present)
-        for table in (self.failures, self.retry_at, self.pending_reason, self.given_up, self.since):
+        for table in (self.failures, self.retry_at, self.given_up, self.since):
             for job in [j for j in table if j not in present]:
                 del table[job]
         self.handled &= set(ended)
@@ -125,10 +130,9 @@ class Recovery:
                                                 "not counted as a failure"))
             else:
                 out += self._failed(job, now, why, e.nodes, ended=True)
-        for job, when in sorted(self.retry_at.items()):
-            if when <= now and job in ended:
+        for job, when in list(self.retry_at.items()):
+            if when <= now:
                 del self.retry_at[job]
-                out.append(Decision(job, RETRY, self.pending_reason.pop(job, "lost")))
         for job, r in sorted(running.items()):
             seen = self.since.get(job)
             if seen is None or seen[0] != r.nodes:
@@ -174,8 +178,7 @@ class Recovery:
         reason = f"{why}; requeued (failure {n} of at most {self.config.max_failures})"
         if ended and delay > 0:
             self.retry_at[job] = now + delay
-            self.pending_reason[job] = reason
-            return []
+            reason += f", started again after {delay:g}s at the earliest"
         return [Decision(job, RETRY, reason)]
 
     def _strike(self, nodes: Iterable[str], now: float, why: str) -> None:
@@ -198,14 +201,13 @@ class Recovery:
 
     # persistence (the daemon's store keeps it)
     def dump(self) -> dict[str, Any]:
-        return {"failures": self.failures, "retry_at": self.retry_at, "pending_reason": self.pending_reason,
-                "given_up": self.given_up, "handled": sorted(self.handled),
-                "strikes": self.strikes, "excluded": {n: list(v) for n, v in self.excluded.items()}}
+        return {"failures": self.failures, "retry_at": self.retry_at, "given_up": self.given_up,
+                "handled": sorted(self.handled), "strikes": self.strikes,
+                "excluded": {n: list(v) for n, v in self.excluded.items()}}
 
     def load(self, data: Mapping[str, Any]) -> None:
         self.failures = {str(k): int(v) for k, v in data.get("failures", {}).items()}
         self.retry_at = {str(k): float(v) for k, v in data.get("retry_at", {}).items()}
-        self.pending_reason = {str(k): str(v) for k, v in data.get("pending_reason", {}).items()}
         self.given_up = {str(k): str(v) for k, v in data.get("given_up", {}).items()}
         self.handled = {str(j) for j in data.get("handled", [])}
         self.strikes = {str(k): [float(t) for t in v] for k, v in data.get("strikes", {}).items()}
