@@ -54,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--data", help="shared data directory (for the workload curves)")
     br.add_argument("--json", action="store_true")
     br.set_defaults(run=_bench_replay)
+    from devtools.bench_forecasts import TRACES
+    from devtools.bench_forecasts import __doc__ as forecasts_doc
+    bc = bsub.add_parser("forecasts", help="replay and decision time with the forecasts on and off, in one run",
+                         description=forecasts_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bc.add_argument("--data", help="shared data directory (default ../shared/data)")
+    bc.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, of {','.join(TRACES)}")
+    bc.add_argument("--jobs", type=positive(int), default=1000, help="jobs of the generated workloads")
+    bc.add_argument("--max-jobs", type=positive(int), default=10, help="admitted at once (default 10)")
+    bc.add_argument("--alloc-repeat", type=positive(int), default=30, help="allocator decisions per mode")
+    bc.add_argument("--guard", action="store_true", help="exit 1 when a target is missed")
+    bc.add_argument("--json", action="store_true")
+    bc.set_defaults(run=_bench_forecasts)
     from devtools.bench_runtime import __doc__ as runtime_doc
     bt = bsub.add_parser("runtime", help="training runtime: consistency overhead, checkpoint and "
                                          "resume times", description=runtime_doc,
@@ -182,6 +194,17 @@ def _bench_replay(a: argparse.Namespace) -> int:
     from devtools.bench_data import bench_replay
     return _emit(bench_replay(a.nodes, a.days, a.events, a.jobs, a.trace, a.policy, a.max_jobs,
                               a.data, quiet=a.json), a.json)
+
+
+def _bench_forecasts(a: argparse.Namespace) -> int:
+    from devtools.bench_forecasts import TRACES, bench_forecasts
+    traces = tuple(t.strip() for t in a.traces.split(",") if t.strip())
+    bad = [t for t in traces if t not in TRACES]
+    if bad or not traces:
+        raise MalletrainError(f"--traces: one or more of {','.join(TRACES)}, got {a.traces!r}")
+    report = bench_forecasts(a.data, traces, a.jobs, a.max_jobs, a.alloc_repeat, progress=not a.json)
+    report.emit(a.json)
+    return 1 if a.guard and report.data["missed"] else 0
 
 
 def _example(a: argparse.Namespace) -> int:

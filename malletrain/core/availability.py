@@ -62,10 +62,10 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter
 
 import numpy as np
 
+from malletrain.core.stays import StayMap
 from malletrain.domain.model import Node, Stay
 
 GRID_RATIO = 1.25           # consecutive grid points differ by 25%
@@ -84,9 +84,8 @@ def _grid() -> tuple[float, ...]:
 
 
 GRID = _grid()
+_GRID_UP = np.array(GRID[1:])          # the upper edge of each grid interval
 _LOG_RATIO = math.log(GRID_RATIO)
-_NAME = attrgetter("name")
-_WINDOW = attrgetter("window_end_s")
 
 
 def _index(age_s: float) -> int:
@@ -157,6 +156,8 @@ class IdleHistory:
         self._censored: _Censored | None = None
         self._table: tuple[list[float] | None, float, _StayTable] | None = None
         self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
+        self._since: tuple[int, tuple[str, ...], np.ndarray, np.ndarray | None] | None = None
+        self._starts_arr: tuple[int, np.ndarray] | None = None
         self._last: _Stays | None = None
         self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
 
@@ -231,21 +232,22 @@ class IdleHistory:
 
     def _count_open(self, now_s: float) -> tuple[tuple[int, ...], float]:
         """Open stretches per grid interval of their age (the last one also counts those older
-        than the grid), and a time before which no age crosses a grid point."""
+        than the grid), and a time before which no age crosses a grid point.  (``searchsorted``
+        on the sorted beginnings is ``bisect_right``; ``now − GRID[i]`` the same subtraction.)"""
+        hit = self._starts_arr
+        if hit is None or hit[0] != self.version:
+            hit = self._starts_arr = (self.version, np.array(self._starts, dtype=float))
+        starts = hit[1]
         k = len(GRID) - 1
-        starts = self._starts
-        counts = [0] * (k + 1)
-        hi = len(starts)
-        until = math.inf
-        for i in range(k):
-            lo = bisect.bisect_right(starts, now_s - GRID[i + 1])
-            counts[i] = hi - lo
-            hi = lo
-            if lo < len(starts):       # the next stretch to reach age GRID[i+1]
-                until = min(until, starts[lo] + GRID[i + 1])
-        counts[k] = hi
+        lo = np.searchsorted(starts, now_s - _GRID_UP, side="right")     # stretches at least GRID[i+1] old
+        counts = np.empty(k + 1, dtype=np.int64)
+        counts[0] = len(starts) - lo[0]
+        counts[1:k] = lo[:-1] - lo[1:]
+        counts[k] = lo[-1]
+        ahead = lo < len(starts)           # the next stretch to reach age GRID[i+1], per edge
+        until = float((starts[lo[ahead]] + _GRID_UP[ahead]).min()) if ahead.any() else math.inf
         # float rounding of 'now - GRID' against 'start + GRID': stay well clear of the crossing
-        return tuple(counts), until - 1e-9 * (abs(now_s) + GRID[-1])
+        return tuple(counts.tolist()), until - 1e-9 * (abs(now_s) + GRID[-1])
 
     def _kaplan_meier(self, counts: tuple[int, ...]) -> list[float]:
         k = len(GRID) - 1
@@ -273,7 +275,7 @@ class IdleHistory:
         surv = self.survival(now_s)
         table = self._stay_table(surv, horizon_s)
         names = self._names_of(nodes)
-        windows = tuple(map(_WINDOW, nodes))
+        windows = [n.window_end_s for n in nodes]
         timed = len(windows) - windows.count(None)     # nodes with a known window end
         if surv is None:
             out: dict[str, Stay] = {}
@@ -285,29 +287,50 @@ class IdleHistory:
                     out[name] = table.stay(max(0.0, now_s - self.since.get(name, now_s)), window, 0)
             return out
         n = len(names)
-        ages = now_s - np.fromiter(map(self.since.get, names, repeat(now_s)), dtype=float, count=n)
+        since, unknown = self._since_of(names)
+        ages = now_s - since
         np.maximum(ages, 0.0, out=ages)
+        if unknown is not None:
+            ages[unknown] = 0.0             # no open stretch: age 0 (as now - now)
         scales = self._node_scales(names)
         lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
         ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
         f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
         codes = _indices(ages / f) * (hi - lo + 1) + (scales - lo)
-        exact: list[int] = []
+        exact: list[tuple[int, float]] = []     # (node, its window) where the window ends within H
         if timed:
-            exact = [i for i, end in enumerate(windows)
+            exact = [(i, max(0.0, end - now_s)) for i, end in enumerate(windows)
                      if end is not None and max(0.0, end - now_s) < horizon_s]
         last = self._last
         if (not exact and last is not None and last.table is table and last.names == names
                 and np.array_equal(last.codes, codes)):
             return last.out
-        uniq, inverse = np.unique(codes, return_inverse=True)
-        per_code = [table.memoised(int(c) // (hi - lo + 1), int(c) % (hi - lo + 1) + lo) for c in uniq]
+        present = np.zeros(len(GRID) * (hi - lo + 1), dtype=bool)    # codes are small: a dense remap
+        present[codes] = True
+        uniq = np.flatnonzero(present)
+        inverse = (np.cumsum(present) - 1)[codes]
+        per_code = [table.memoised(c // (hi - lo + 1), c % (hi - lo + 1) + lo) for c in uniq.tolist()]
+        if not exact:
+            grouped = StayMap(names, inverse.reshape(-1), per_code)
+            self._last = _Stays(names, table, codes, grouped)
+            return grouped
         out = dict(zip(names, map(per_code.__getitem__, inverse.tolist())))
-        for i in exact:
-            window = max(0.0, windows[i] - now_s)
+        for i, window in exact:
             out[names[i]] = table.stay(float(ages[i]), window, int(scales[i]))
-        self._last = None if exact else _Stays(names, table, codes, out)
+        self._last = None
         return out
+
+    def _since_of(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+        """When each node's open stretch began (and which have none), kept while no stretch
+        opened or closed and the pool is the same."""
+        hit = self._since
+        if hit is not None and hit[0] == self.version and hit[1] == names:
+            return hit[2], hit[3]
+        since = np.fromiter(map(self.since.get, names, repeat(math.nan)), dtype=float, count=len(names))
+        missing = np.isnan(since)
+        unknown = missing if missing.any() else None
+        self._since = (self.version, names, since, unknown)
+        return since, unknown
 
     def _names_of(self, nodes: Sequence[Node]) -> tuple[str, ...]:
         """The nodes' names (kept for the same sequence object: the cycle's update and stays
@@ -315,7 +338,7 @@ class IdleHistory:
         hit = self._names
         if hit is not None and hit[0] is nodes:
             return hit[1]
-        names = tuple(map(_NAME, nodes))
+        names = tuple([n.name for n in nodes])       # (a list display is quicker than map/attrgetter here)
         self._names = (nodes, names)
         return names
 
@@ -388,17 +411,32 @@ class _StayTable:
         i = _index(t)
         return self.cum[i] + (self.surv[i] + self.s(t)) / 2.0 * (t - GRID[i])
 
+    def _s_and_integral(self, t: float) -> tuple[float, float]:
+        """``(S(t), ∫₀ᵗ S)``: :meth:`s` and :meth:`integral` with the grid index found once."""
+        surv = self.surv
+        if surv is None:
+            return 1.0, t
+        if t >= GRID[-1]:
+            return surv[-1], self.cum[-1] + surv[-1] * (t - GRID[-1])
+        i = _index(t)
+        w = (t - GRID[i]) / (GRID[i + 1] - GRID[i])
+        st = surv[i] * (1 - w) + surv[i + 1] * w
+        return st, self.cum[i] + (surv[i] + st) / 2.0 * (t - GRID[i])
+
     def _conditional(self, age: float, window_s: float | None, f: float) -> Stay:
         """The stay of a node of ``age`` and time scale ``f`` (its survival is ``S(t / f)``)."""
-        upto = self.h if window_s is None else min(self.h, window_s)
-        leave_window = 1.0 if window_s is not None and window_s < self.h else 0.0
-        sa = self.s(age / f)
+        h = self.h
+        upto = h if window_s is None else min(h, window_s)
+        leave_window = 1.0 if window_s is not None and window_s < h else 0.0
+        sa, ia = self._s_and_integral(age / f)
         if sa <= 0.0:             # older than anything that ended: nothing says it will end
-            return Stay(upto / self.h, leave_window)
+            return Stay(upto / h, leave_window)
+        s_upto, i_upto = self._s_and_integral((age + upto) / f)
         # ∫ S((age + t)/f) dt over [0, upto] = f · (I((age + upto)/f) − I(age/f))
-        usable = f * (self.integral((age + upto) / f) - self.integral(age / f)) / sa
-        leave = max(leave_window, min(1.0, max(0.0, 1.0 - self.s((age + self.h) / f) / sa)))
-        return Stay(min(1.0, max(0.0, usable / self.h)), leave)
+        usable = f * (i_upto - ia) / sa
+        s_h = s_upto if upto == h else self.s((age + h) / f)
+        leave = max(leave_window, min(1.0, max(0.0, 1.0 - s_h / sa)))
+        return Stay(min(1.0, max(0.0, usable / h)), leave)
 
     def memoised(self, i: int, scale: int) -> Stay:
         """The stay shared by ages in grid interval ``i`` (in the node's time) at ``scale``."""

@@ -190,7 +190,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook))
 
     exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
-    alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive)
+    alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))

@@ -56,9 +56,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import repeat
-from operator import attrgetter
+from collections.abc import Set as AbstractSet
+from itertools import accumulate, repeat
+from operator import attrgetter, itemgetter
 
+from malletrain.core.stays import StayMap
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.model import STAYING, JobState, Node, RescaleCost, Stay
 from malletrain.milp.problem import Option
@@ -102,19 +104,39 @@ class FreeOrder:
     stays), the distinct values sorted, and the best ``limit`` expanded from them."""
 
     def __init__(self, free: Iterable[Stay], held: Iterable[Stay] = (), limit: int | None = None) -> None:
-        free_counts, held_counts = _counts(free), _counts(held)
-        n_free, n_held = sum(free_counts.values()), sum(held_counts.values())
-        k = n_free + n_held if limit is None else limit
+        free_counts = _counts(free)
+        n_free = sum(free_counts.values())
+        if limit is None:
+            held = list(held)
+            k = n_free + len(held)
+        else:
+            k = limit
         best = _ranked(free_counts, min(k, n_free), longest=True)
-        if len(best) < k:
-            best += _ranked(held_counts, k - len(best), longest=False)
+        if len(best) < k:       # the held nodes are read only when the free ones run out
+            best += _ranked(_counts(held), k - len(best), longest=False)
         self.sums = _prefix(best)
 
     @classmethod
-    def of(cls, stays: Mapping[str, Stay], free: Iterable[str], held: Iterable[str] = (),
+    def of(cls, stays: Mapping[str, Stay], free: AbstractSet[str], held: Iterable[str] = (),
            limit: int | None = None) -> FreeOrder:
-        """From node names (nodes without a stay count as staying)."""
-        return cls(map(stays.get, free, repeat(STAYING)), map(stays.get, held, repeat(STAYING)), limit)
+        """From node names (nodes without a stay count as staying).  From a :class:`StayMap`
+        the best ``limit`` free nodes are read off its groups, longest stay first, instead of
+        counting every free node."""
+        if limit is None or not isinstance(stays, StayMap):
+            return cls(map(stays.get, free, repeat(STAYING)), map(stays.get, held, repeat(STAYING)), limit)
+        order = cls.__new__(cls)
+        # nodes without a stay count as STAYING, the longest there is: they come first
+        best = [_VALUE(STAYING)] * min(limit, len(free - stays.keys()))
+        for stay, nodes in stays.groups():
+            if len(best) >= limit:
+                break
+            have = len(nodes & free)
+            if have:
+                best.extend(repeat(_VALUE(stay), min(have, limit - len(best))))
+        if len(best) < limit:
+            best += _ranked(_counts(map(stays.get, held, repeat(STAYING))), limit - len(best), longest=False)
+        order.sums = _prefix(best)
+        return order
 
     def take(self, k: int) -> tuple[float, float]:
         """(Σ fraction, Σ log P(stays)) of the best ``k`` (beyond the list, nodes stay)."""
@@ -124,40 +146,50 @@ class FreeOrder:
 
 
 _VALUE = attrgetter("fraction", "leave_p")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _counts(stays: Iterable[Stay]) -> Counter[tuple[float, float]]:
+    """How many of ``stays`` have each (fraction, leave_p)."""
     return Counter(map(_VALUE, stays))
 
 
-def _stays_long(v: tuple[float, float]) -> tuple[float, float]:
-    return (v[0], -v[1])
-
-
-def _ranked(counts: Counter[tuple[float, float]], k: int, longest: bool) -> list[tuple[float, float]]:
+def _ranked(counts: dict[tuple[float, float], int], k: int, longest: bool) -> list[tuple[float, float]]:
     """The ``k`` (fraction, leave_p) expected to stay longest (``longest``) or shortest, in that
     order: what ``heapq.nlargest``/``nsmallest`` by (fraction, −leave_p) would give, equal
     values being interchangeable."""
     out: list[tuple[float, float]] = []
-    for v in sorted(counts, key=_stays_long, reverse=longest):
+    if k <= 0:
+        return out
+    for v in _longest_first_values(counts) if longest else _longest_first_values(counts)[::-1]:
+        out.extend(repeat(v, min(counts[v], k - len(out))))
         if len(out) >= k:
             break
-        out.extend(repeat(v, min(counts[v], k - len(out))))
     return out
+
+
+def _longest_first_values(values: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(fraction, leave_p) pairs by (fraction, −leave_p), largest first: two stable C-level sorts
+    (leave_p ascending, then fraction descending).  Reversed, it is smallest first (for
+    distinct pairs)."""
+    vals = list(values)
+    vals.sort(key=_SECOND)
+    vals.sort(key=_FIRST, reverse=True)
+    return vals
+
+
+def _longest_first(stays: Iterable[Stay]) -> list[tuple[float, float]]:
+    """(fraction, leave_p) of ``stays`` by (fraction, −leave_p), largest first."""
+    return _longest_first_values(map(_VALUE, stays))
 
 
 def _prefix(ordered: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    f = log_stay = 0.0
-    out = [(0.0, 0.0)]
-    logs: dict[float, float] = {}
-    for fraction, leave_p in ordered:
-        lg = logs.get(leave_p)
-        if lg is None:
-            lg = logs[leave_p] = math.log(max(1e-12, 1.0 - leave_p))
-        f += fraction
-        log_stay += lg
-        out.append((f, log_stay))
-    return out
+    """[(Σ fraction, Σ log(1 − leave_p)) of the first k] for k = 0 … len: the same additions, in
+    the same order, as a running sum (``accumulate``), the log taken once per distinct leave_p."""
+    leaves = list(map(_SECOND, ordered))
+    logs = {p: math.log(max(1e-12, 1.0 - p)) for p in set(leaves)}
+    return list(zip(accumulate(map(_FIRST, ordered), initial=0.0),
+                    accumulate(map(logs.__getitem__, leaves), initial=0.0)))
 
 
 def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float], float],
@@ -174,25 +206,37 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
             return base(n) * pace(max(1, math.ceil(n)))
     c = job.size
     h = horizon_s
-    own = (_prefix(_ranked(_counts(map(stays.get, job.nodes, repeat(STAYING))), c, longest=True))
-           if stays and c else [(0.0, 0.0)])
     out = [Option(0, 0.0)]
+    if not stays:
+        for n in sorted(set(sizes)):
+            if n > 0:
+                pause = cost.up_s if n > c else cost.down_s if n < c else 0.0
+                out.append(Option(n, weight * rate(n) * (h - pause)))
+        return tuple(out)
+    own = _prefix(_longest_first(map(stays.get, job.nodes, repeat(STAYING)))) if c else [(0.0, 0.0)]
+    own_f, own_log = own[c]
+    sums = free.sums if free is not None else None
+    last = len(sums) - 1 if sums is not None else 0
+    down = cost.down_s
     for n in sorted(set(sizes)):
         if n <= 0:
             continue
-        pause = cost.up_s if n > c else cost.down_s if n < c else 0.0
+        pause = cost.up_s if n > c else down if n < c else 0.0
         t = rate(n)
-        if not stays:
-            out.append(Option(n, weight * t * (h - pause)))
-            continue
         if n <= c:
             count, log_stay = own[n]
         else:
-            fk, lk = free.take(n - c) if free is not None else (float(n - c), 0.0)
-            count, log_stay = own[c][0] + fk, own[c][1] + lk
+            k = n - c           # FreeOrder.take(k), inline
+            if sums is not None:
+                m = min(k, last)
+                f, lk = sums[m]
+                fk = f + (k - m)
+            else:
+                fk, lk = float(k), 0.0
+            count, log_stay = own_f + fk, own_log + lk
         work = h * (rate(count) if count < n - 1e-9 else t)
         preempted = 1.0 - math.exp(log_stay)       # P(some node of A is taken back within H)
-        out.append(Option(n, weight * (work - t * (pause + cost.down_s * preempted))))
+        out.append(Option(n, weight * (work - t * (pause + down * preempted))))
     return tuple(out)
 
 

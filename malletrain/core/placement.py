@@ -101,8 +101,11 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
           targets: Mapping[str, tuple[str | None, int]],
           stays: Mapping[str, Stay] = NO_STAYS,
           exposure: Mapping[str, float] = NO_EXPOSURE,
-          sensitive: Mapping[str, float] = NO_EXPOSURE) -> dict[str, tuple[str, ...]]:
-    by_name = {n.name: n for n in nodes}
+          sensitive: Mapping[str, float] = NO_EXPOSURE, *,
+          by_name: Mapping[str, Node] | None = None) -> dict[str, tuple[str, ...]]:
+    """``by_name``: ``nodes`` by name, when the caller has it (saves a pass over the pool)."""
+    if by_name is None:
+        by_name = {n.name: n for n in nodes}
     _rank = _ranker(stays)
     out: dict[str, tuple[str, ...]] = {}
     held: set[str] = set()

@@ -1,0 +1,115 @@
+"""What the forecasts cost: replay and decisions with them on and off, in one run.
+
+``python -m devtools bench forecasts`` replays each trace twice in one process — with the
+forecasts (learned pauses, node availability, variability: the ``malletrain`` policy's
+defaults) and without them (``--no-availability --no-variability --no-learn-rescale``) —
+and times ``malletrain bench allocator`` at Summit scale both ways.  It prints wall time,
+decisions and decision p50/p95 per mode and the on/off ratios; only ratios taken in one run
+compare on a shared machine.  ``--guard`` exits 1 when a target of issue #23 is missed:
+
+* replay wall time with forecasts <= 1.5x without, on every trace;
+* the 15-day 4,734-node synthetic replay <= 30 s with forecasts;
+* allocator (4,734 nodes x 100 jobs) decision p95 <= 25 ms with forecasts and <= 1.5x without.
+
+Traces: ``synthetic`` (4,734 nodes x 15 days, ~850,000 node events: Summit-scale, the
+seeded generator of ``bench replay``), ``theta`` (the ALCF Theta 2022 log, a year, 5,084
+nodes), ``philly`` (the shipped Philly day, 420 nodes, its Pollux workload).  The generated
+traces get 1,000 jobs (``bench replay``'s workload); every replay admits at most
+``--max-jobs`` at once (default 10).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+from malletrain.bench import Report
+from malletrain.domain.config import CoreConfig
+
+TRACES = ("synthetic", "theta", "philly")
+RATIO_MAX = 1.5            # forecasts on / off, wall time and allocator p95
+SYNTHETIC_ON_MAX_S = 30.0  # the 15-day synthetic replay with forecasts
+ALLOC_P95_MAX_MS = 25.0
+OFF = {"availability": False, "variability": False, "learn_rescale": False}
+
+
+def _trace_and_workload(name: str, data: str, jobs: int):
+    from devtools.datasets import make_workload, synthetic_trace, write_workload
+    from malletrain.replay.traces import load_trace
+    from malletrain.replay.workload import load_workload
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    if name == "philly":
+        return (load_trace(os.path.join(here, "philly-1day.csv.gz")),
+                load_workload(os.path.join(here, "workload-pollux.yaml")), "philly-1day (420 nodes)")
+    if name == "synthetic":
+        trace = synthetic_trace(4734, 15.0, 850_000, seed=1)
+        label = "synthetic 4734 nodes x 15 days"
+    elif name == "theta":
+        trace = load_trace(os.path.join(data, "traces", "theta_2022.swf"))
+        label = f"theta_2022.swf ({len(trace.nodes)} nodes, a year)"
+    else:
+        raise ValueError(f"unknown trace {name!r}: one of {', '.join(TRACES)}")
+    doc = make_workload(data, jobs, (trace.end_s - trace.start_s) * 0.8, seed=2)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "w.yaml")
+        write_workload(doc, path)
+        return trace, load_workload(path), label
+
+
+def _replay(trace, workload, on: bool, max_jobs: int | None) -> dict:
+    from malletrain.replay.engine import ReplayOptions, run_replay
+    core = CoreConfig(policy="malletrain", **({} if on else OFF))
+    s = run_replay(trace, workload, ReplayOptions(core=core, max_jobs=max_jobs, noise=0.05, seed=0)).summary
+    return {"wall_s": s.wall_s, "decisions": s.decisions, "reused": s.decisions_reused,
+            "p50_ms": s.decision_ms_p50, "p95_ms": s.decision_ms_p95, "useful": s.useful_samples,
+            "lost_pause": s.lost_samples + s.rescale_pause_samples}
+
+
+def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
+                    max_jobs: int | None = 10, alloc_repeat: int = 30, progress: bool = True) -> Report:
+    from devtools.datasets import default_data_dir
+    from malletrain.bench.allocator import bench_allocator
+    data = data or default_data_dir()
+    rows, lines, missed = [], [], []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+    for name in traces:
+        t0 = time.perf_counter()
+        trace, workload, label = _trace_and_workload(name, data, jobs)
+        load_s = time.perf_counter() - t0
+        off = _replay(trace, workload, False, max_jobs)
+        on = _replay(trace, workload, True, max_jobs)
+        row = {"trace": name, "label": label, "events": trace.n_events, "load_s": load_s, "on": on, "off": off,
+               "wall_ratio": on["wall_s"] / off["wall_s"]}
+        rows.append(row)
+        for mode, r in (("off", off), ("on ", on)):
+            say(f"replay {label}: forecasts {mode} {r['wall_s']:7.1f} s wall, {r['decisions']:6d} decisions "
+                f"+ {r['reused']:6d} unchanged, p50 {r['p50_ms']:6.2f} ms, p95 {r['p95_ms']:6.2f} ms, useful "
+                f"{r['useful']:.4g}, lost+pause {r['lost_pause']:.4g}")
+        say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
+            f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
+            f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")
+        if row["wall_ratio"] > RATIO_MAX:
+            missed.append(f"{name}: wall on/off {row['wall_ratio']:.2f}x > {RATIO_MAX}x")
+        if name == "synthetic" and on["wall_s"] > SYNTHETIC_ON_MAX_S:
+            missed.append(f"synthetic: {on['wall_s']:.1f} s with forecasts > {SYNTHETIC_ON_MAX_S:g} s")
+    alloc = {}
+    for mode in (False, True):
+        alloc[mode] = bench_allocator(4734, 100, alloc_repeat, forecasts=mode).data
+    a_on, a_off = alloc[True], alloc[False]
+    alloc_ratio = a_on["decision_ms_p95"] / a_off["decision_ms_p95"]
+    say(f"allocator 4734 nodes x 100 jobs, {alloc_repeat} decisions: forecasts off p50 "
+        f"{a_off['decision_ms_p50']:.1f} ms, p95 {a_off['decision_ms_p95']:.1f} ms; on p50 "
+        f"{a_on['decision_ms_p50']:.1f} ms, p95 {a_on['decision_ms_p95']:.1f} ms (target <= "
+        f"{ALLOC_P95_MAX_MS:g} ms); on/off p95 {alloc_ratio:.2f}x (target <= {RATIO_MAX}x)")
+    if a_on["decision_ms_p95"] > ALLOC_P95_MAX_MS:
+        missed.append(f"allocator p95 {a_on['decision_ms_p95']:.1f} ms > {ALLOC_P95_MAX_MS:g} ms")
+    if alloc_ratio > RATIO_MAX:
+        missed.append(f"allocator p95 on/off {alloc_ratio:.2f}x > {RATIO_MAX}x")
+    say("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
+    return Report({"replays": rows, "allocator": {"on": a_on, "off": a_off, "p95_ratio": alloc_ratio},
+                   "missed": missed, "max_jobs": max_jobs, "jobs": jobs}, lines)
