@@ -5,12 +5,14 @@
 # (partition-priority preemption, REQUEUE, GraceTime, whole-node allocation).
 #
 #   scripts/local-slurm.sh up [--slurm V] [--accounting] [--nodes N] [--grace S] [--max-jobs N] [--dir DIR]
-#                             [--min-job-age S] [--preempt-mode requeue|cancel]
+#                             [--min-job-age S] [--preempt-mode requeue|cancel] [--enforce-limits]
 #   scripts/local-slurm.sh add-user NAME [--dir DIR]                 (with --accounting)
 #
 # --min-job-age S: how long slurmctld keeps an ended job (MinJobAge, default 600; short values
 # make it purge ended jobs soon, as some sites do).  --preempt-mode cancel: Slurm cancels a
 # preempted scavenger job (it ends PREEMPTED) instead of requeueing it (default requeue).
+# --enforce-limits (with --accounting): AccountingStorageEnforce=associations,limits,qos, so
+# association and QOS limits set with sacctmgr hold (default: associations only).
 #
 # --rest PORT adds JWT authentication (AuthAltTypes=auth/jwt, a key in DIR/etc) and
 # runs slurmrestd as `nobody` on 127.0.0.1:PORT; `scontrol token` gives a token.
@@ -46,7 +48,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CMD="${1:-}"; shift || true
 case "$CMD" in -h|--help) set -- --help ;; esac
-NODES=4; GRACE=10; MAXJOBS=10000; MINJOBAGE=600; PREEMPT=requeue; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0; REST=0
+NODES=4; GRACE=10; MAXJOBS=10000; MINJOBAGE=600; PREEMPT=requeue; LIMITS=0; DIR="${LOCAL_SLURM_DIR:-$ROOT/.local-slurm}"; SLURM=host; ACCT=0; CLOUD=0; REST=0
 ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -57,11 +59,12 @@ while [ $# -gt 0 ]; do
         --max-jobs) MAXJOBS="$2"; shift 2 ;;
         --min-job-age) MINJOBAGE="$2"; shift 2 ;;
         --preempt-mode) PREEMPT="$2"; shift 2 ;;
+        --enforce-limits) LIMITS=1; shift ;;
         --cloud-nodes) CLOUD="$2"; shift 2 ;;
         --rest) REST="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --min-job-age S, --preempt-mode M, --dir DIR, --cloud-nodes M, --rest PORT)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --min-job-age S, --preempt-mode M, --enforce-limits, --dir DIR, --cloud-nodes M, --rest PORT)" >&2; exit 2 ;;
         *) ARGS+=("$1"); shift ;;
     esac
 done
@@ -258,7 +261,7 @@ EOF
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
-AccountingStorageEnforce=associations
+AccountingStorageEnforce=associations$( [ "$LIMITS" = 1 ] && echo ",limits,qos" )
 EOF
         write_dbd_config
     else
@@ -468,7 +471,7 @@ case "$CMD" in
         [ "$ACCT" = 1 ] && install_accounting      # before resolve_slurm copies /etc/passwd
         resolve_slurm
         mkdir -p "$DIR"
-        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD $REST $MINJOBAGE $PREEMPT"
+        SHAPE="$NODES $GRACE $MAXJOBS $SLURM $ACCT $CLOUD $REST $MINJOBAGE $PREEMPT $LIMITS"
         if [ -f "$DIR/shape" ] && [ "$(cat "$DIR/shape")" != "$SHAPE" ]; then
             log "shape changed ($(cat "$DIR/shape") -> $SHAPE): restarting from a clean state"
             down; rm -rf "$DIR/state" "$DIR/spool"

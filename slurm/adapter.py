@@ -51,6 +51,7 @@ from malletrain.domain.model import (
 )
 from malletrain.domain.nodes import load_node_info
 from malletrain.slurm.parse import (
+    LIMITS_FORMAT,
     MAX_TAG_BYTES,
     SINFO_FORMAT,
     SQUEUE_FORMAT,
@@ -63,6 +64,7 @@ from malletrain.slurm.parse import (
     TagRecord,
     collect,
     is_held,
+    parse_node_limits,
     parse_reservations,
     parse_sinfo,
     parse_squeue,
@@ -76,6 +78,7 @@ from malletrain.slurm.versions import Release, parse_release
 log = logging.getLogger("malletrain.slurm")
 MAX_ENDED_READ = 500      # ended jobs read per cycle (one squeue -j list)
 TOPOLOGY_RETRY = 60       # cycles before a failed topology read is tried again
+MAX_LIMIT_USERS = 200     # owners whose association node limits one sacctmgr read asks for
 
 
 def _job_order(job: str) -> tuple[int, str]:
@@ -140,6 +143,8 @@ class SlurmBackend:
         self.excluded: Mapping[str, object] = {}    # nodes left out of harvesting (the daemon's safety net)
         self.given_up: Mapping[str, str] = {}       # jobs held for good: never started again
         self._requeued_wall_s = 0.0                 # wall clock of the last requeuehold (_wait_held)
+        self.node_limits: dict[str, int] = {}       # owner -> association GrpTRES node limit
+        self.nodes_used: dict[str, int] = {}        # owner -> nodes their running jobs hold (all partitions)
         self.not_before: Mapping[str, float] = {}   # requeued after a failure: held until its back-off ends
         self.ended_watch: set[str] = set()          # ended tagged jobs still read (the safety net's)
         self._ended_backlog: set[str] = set()       # jobs that left the queue, not yet read (too many at once)
@@ -153,6 +158,7 @@ class SlurmBackend:
             if slurm.node_info else {}
         self.switches: dict[str, str] | None = None if slurm.topology else {}
         self._topology_retry = 0
+        self._limits_failed = False
 
     def _learn_topology(self) -> None:
         """Leaf switches from topology.conf, read once (a cluster without the topology plugin, or
@@ -196,9 +202,15 @@ class SlurmBackend:
         if every and self._cycle % every == 0:
             self._reservations = parse_reservations(
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
+        self._read_tags(jobs)
+        self.nodes_used = {}
+        for r in jobs:
+            if r.phase is Phase.RUNNING:
+                self.nodes_used[r.user] = self.nodes_used.get(r.user, 0) + r.node_count
+        if self.slurm.limits_every and self._cycle % self.slurm.limits_every == 0:
+            self._read_node_limits(sorted({r.user for r in jobs if r.user and r.job_id in self.tag_records}))
         self._cycle += 1
 
-        self._read_tags(jobs)
         malleable: list[tuple[JobRecord, Tag]] = []
         windows: dict[str, float] = {}
         for r in jobs:
@@ -230,6 +242,7 @@ class SlurmBackend:
         live: dict[str, JobRecord] = {}
         for r, tag in malleable:
             tag = self._bounded(tag, len(nodes))
+            capped = self._limited(r, tag)
             book = self.books.get(r.job_id, Book())
             change = (SizeChange(Direction(book.change_dir), book.change_hold_s, book.change_release_s,
                                  book.change_nodes) if book.change_dir in ("up", "down") else None)
@@ -247,6 +260,9 @@ class SlurmBackend:
             facts[r.job_id] = fact
             if r.job_id in self.given_up:
                 continue          # held for good: shown by status, never started
+            if capped is None:
+                continue          # its owner's node limit leaves it less than min_nodes: waits
+            tag = capped
             if r.phase in (Phase.HELD, Phase.PENDING) and self.finished_work(r.job_id):
                 finished_queued.add(r.job_id)
                 continue          # its work is done: never started again
@@ -266,6 +282,72 @@ class SlurmBackend:
         snap = Snapshot(now, pool, tuple(states))
         gen = hash((pool, tuple((s.job_id, s.nodes, s.paused_until_s) for s in states)))
         return Observation(snap, finished, facts, gen, ended)
+
+    def _read_node_limits(self, users: list[str]) -> None:
+        """The association ``GrpTRES`` node limits of the owners of tagged jobs (at most
+        MAX_LIMIT_USERS a read).  Slurm enforces them for the jobs users size themselves, but
+        not for a job whose node count an operator set (measured on 22.05, 24.11 and 26.05:
+        such a job starts beyond its owner's limit), so the daemon keeps them in its plans.  A
+        cluster without accounting, or slurmdbd down, gives no new limits (the last ones stay)."""
+        if not users:
+            self.node_limits = {}
+            return
+        users = users[:MAX_LIMIT_USERS]
+        try:
+            text = self.runner.read(["sacctmgr", "-nP", "show", "assoc", "where", f"users={','.join(users)}",
+                                     f"format={LIMITS_FORMAT}"])
+        except BackendError as exc:
+            if not self._limits_failed:
+                log.warning("cannot read association node limits (%s); keeping the last ones known", exc)
+            self._limits_failed = True
+            return
+        self._limits_failed = False
+        self.node_limits = parse_node_limits(text, users)
+
+    def _limited(self, r: JobRecord, tag: Tag) -> Tag | None:
+        """``tag`` with max_nodes within its owner's association node limit: the nodes the job
+        holds plus what the owner's limit leaves (never below what it holds: no forced shrink);
+        None when that is less than its min_nodes (it waits until its owner has room)."""
+        limit = self.node_limits.get(r.user)
+        if limit is None:
+            return tag
+        held = r.node_count if r.phase is Phase.RUNNING else 0
+        room = max(held, held + limit - self.nodes_used.get(r.user, 0))
+        if room >= tag.max_nodes:
+            return tag
+        if room < tag.min_nodes:
+            return None
+        return replace(tag, max_nodes=room)
+
+    def within_limits(self, actions: Sequence[Action]) -> list[Action]:
+        """The plan without the starts and grows that would take an owner beyond their
+        association node limit (Slurm would not stop them: an operator set their size)."""
+        if not self.node_limits:
+            return list(actions)
+        owner = {a.job_id: self.records[a.job_id].user for a in actions if a.job_id in self.records}
+        used = dict(self.nodes_used)
+        for a in actions:              # what the plan frees first
+            u = owner.get(a.job_id)
+            if u in self.node_limits and a.kind in (ActionKind.STOP, ActionKind.SHRINK, ActionKind.GROW):
+                used[u] = used.get(u, 0) - len(a.from_nodes)
+        out = []
+        for a in actions:
+            u = owner.get(a.job_id)
+            if u in self.node_limits and a.kind in (ActionKind.START, ActionKind.GROW, ActionKind.SHRINK):
+                after = used.get(u, 0) + len(a.to_nodes)
+                if a.kind is not ActionKind.SHRINK and after > self.node_limits[u]:
+                    self.events.deferred_launches += 1
+                    log.warning("job %s: %s to %d node(s) not made: its owner %s would hold %d node(s), beyond "
+                                "their association's GrpTRES node=%d (Slurm lifts that limit for a job an "
+                                "operator resizes, so the daemon keeps it)", a.job_id, a.kind.value,
+                                len(a.to_nodes), u, after, self.node_limits[u],
+                                extra={"job": a.job_id, "reason": "owner-node-limit"})
+                    if a.kind is ActionKind.GROW:
+                        used[u] = used.get(u, 0) + len(a.from_nodes)     # keeps what it holds
+                    continue
+                used[u] = after
+            out.append(a)
+        return out
 
     @staticmethod
     def _metrics_path(job: str, tag: Tag) -> str:
@@ -507,6 +589,7 @@ class SlurmBackend:
         job refusing the daemon's writes still holds; it stays held (its launch is counted in
         ``deferred_launches``) and the next cycle plans from what Slurm really did."""
         now = self.clock()
+        actions = self.within_limits(actions)
         requeued: list[Action] = []
         relaunch: list[Action] = []
         blocked: dict[str, str] = {}      # node -> the job still on it (or launching onto it)

@@ -467,3 +467,25 @@ def parse_topology(text: str) -> dict[str, str]:
         except BackendError:
             continue
     return out
+
+
+LIMITS_FORMAT = "User,GrpTRES"      # sacctmgr -nP show assoc ... format=LIMITS_FORMAT
+_NODE_TRES = re.compile(r"(?:^|,)node=(\d{1,9})(?:,|$)")
+
+
+def parse_node_limits(text: str, users: Iterable[str]) -> dict[str, int]:
+    """Each user's association ``GrpTRES`` node limit (the smallest where a user has several
+    associations) from ``sacctmgr -nP show assoc where users=… format=User,GrpTRES``.  Only
+    the users asked about count; a line of another shape is skipped (the limit stays unknown
+    for nobody: the smallest seen wins)."""
+    wanted = set(users)
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        user, sep, tres = line.partition("|")
+        if not sep or user not in wanted:
+            continue
+        m = _NODE_TRES.search(tres.strip())
+        if m:
+            out[user] = min(out.get(user, 1 << 30), int(m.group(1)))
+    return out
+

@@ -43,6 +43,7 @@ class FakeSlurm:
         self.jobs = {}      # id -> dict(partition, state, reason, nodes, start, sched, comment)
         self.nodes = {f"n{i}": "idle" for i in range(1, 5)}
         self.calls = []
+        self.assoc = {}     # user -> GrpTRES text (sacctmgr), e.g. "node=2"
 
     def __call__(self, argv, **kw):
         self.calls.append(argv)
@@ -77,6 +78,10 @@ class FakeSlurm:
             out = self._scontrol(argv[1:])
             if isinstance(out, subprocess.CompletedProcess):
                 return subprocess.CompletedProcess(argv, out.returncode, out.stdout, out.stderr)
+        elif cmd == "sacctmgr":          # show assoc where users=... format=User,GrpTRES
+            assert argv[1:5] == ["-nP", "show", "assoc", "where"], argv     # as the real one takes them
+            users = next(a for a in argv if a.startswith("users="))[len("users="):].split(",")
+            out = "".join(f"{u}|{self.assoc.get(u, '')}\n" for u in users if u in self.assoc or u == "root")
         elif cmd == "scancel":
             self.end(argv[1], "CANCELLED")
             self.jobs[argv[1]]["reason"] = "None"

@@ -249,3 +249,33 @@ def test_no_job_is_released_onto_nodes_whose_stop_was_refused_or_failed():
         (refused,) = [a for a in [("refused", b.events.refused_writes), ("failed", b.events.failed_actions)]
                       if a[1]]
         assert refused[0] == ("refused" if spoil == "tag" else "failed")
+
+
+def test_owner_association_node_limits_hold_for_the_daemons_resizes():
+    """Slurm lifts an association's GrpTRES node limit for a job whose size an operator set
+    (measured on 22.05, 24.11 and 26.05: such a job starts beyond its owner's limit), so the
+    daemon keeps it: a job's max_nodes leaves room for its owner's other running jobs, and a plan
+    that would still take an owner beyond it (two of their jobs growing at once) loses the
+    launches that do."""
+    from malletrain.slurm.parse import parse_node_limits
+    assert parse_node_limits("alice|node=3,cpu=8\nalice|node=2\nbob|\nmallory|cpu=node=9\neve|x", ["alice", "bob",
+                             "mallory"]) == {"alice": 2}
+    fake = FakeSlurm()
+    fake.assoc = {"u": "cpu=64,node=3"}
+    _held(fake, "7")
+    _held(fake, "8")
+    fake.jobs["9"] = dict(partition="batch", state="RUNNING", reason="None", nodes=("n4",), comment="")
+    fake.nodes["n4"] = "allocated"       # the owner's own primary job holds one node
+    b, _, _ = _backend(fake)
+    obs = b.observe()
+    assert b.node_limits == {"u": 3} and b.nodes_used == {"u": 1}
+    assert {j.job_id: j.spec.max_nodes for j in obs.snapshot.jobs} == {"7": 2, "8": 2}
+    b.apply([Action("7", ActionKind.START, (), ("n1", "n2"), "why", ReasonCode.GAIN),
+             Action("8", ActionKind.START, (), ("n3",), "why", ReasonCode.GAIN)])
+    started = {c[2].split("=")[1] for c in _writes(fake) if c[1] == "update"}
+    assert started == {"7"} and b.events.deferred_launches == 1         # 1 + 2 = 3; a third node is not
+    fake.assoc = {}
+    b2, _, _ = _backend(fake)
+    b2.observe()
+    assert b2.node_limits == {} and b2.within_limits([Action("8", ActionKind.START, (), ("n3",), "w",
+                                                             ReasonCode.GAIN)])

@@ -163,6 +163,8 @@ class SlurmConfig:
     retries: int = 3                # read commands: retries with jittered backoff
     backoff_s: float = 0.5          # first retry delay (doubles, ±50% jitter)
     reservations_every: int = 6     # read reservations every N cycles (0 = never)
+    limits_every: int = 6           # read owners' association GrpTRES node limits every N cycles
+    #                                 (0 = never): Slurm lifts them for a job an operator resizes
     node_info: str = ""             # site CSV node,group,slowdown (speeds, groups); '' = none
     topology: bool = True           # read topology.conf's switches (scontrol show topology) at start
 
@@ -176,7 +178,7 @@ class SlurmConfig:
         for name in ("command_timeout_s", "backoff_s"):
             if not 0 < getattr(self, name) <= MAX_SECONDS:
                 raise ConfigError(f"must be > 0 and <= {MAX_SECONDS:g} s", path=where, field=name)
-        for name in ("retries", "reservations_every"):
+        for name in ("retries", "reservations_every", "limits_every"):
             if getattr(self, name) < 0:
                 raise ConfigError("must be >= 0", path=where, field=name)
         return self
