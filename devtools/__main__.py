@@ -202,8 +202,10 @@ def _bench_forecasts(a: argparse.Namespace) -> int:
     bad = [t for t in traces if t not in TRACES]
     if bad or not traces:
         raise MalletrainError(f"--traces: one or more of {','.join(TRACES)}, got {a.traces!r}")
-    report = bench_forecasts(a.data, traces, a.jobs, a.max_jobs, a.alloc_repeat, progress=not a.json)
-    report.emit(a.json)
+    report = bench_forecasts(a.data, traces, a.jobs, a.max_jobs, a.alloc_repeat,
+                             out=sys.stderr if a.json else sys.stdout)
+    if a.json:
+        report.emit(True)
     return 1 if a.guard and report.data["missed"] else 0
 
 

@@ -20,9 +20,9 @@ traces get 1,000 jobs (``bench replay``'s workload); every replay admits at most
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
+from typing import TextIO
 
 from malletrain.bench import Report
 from malletrain.domain.config import CoreConfig
@@ -67,7 +67,8 @@ def _replay(trace, workload, on: bool, max_jobs: int | None) -> dict:
 
 
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
-                    max_jobs: int | None = 10, alloc_repeat: int = 30, progress: bool = True) -> Report:
+                    max_jobs: int | None = 10, alloc_repeat: int = 30, out: TextIO | None = None) -> Report:
+    """``out``: where each line goes as soon as it is measured (None: nowhere)."""
     from devtools.datasets import default_data_dir
     from malletrain.bench.allocator import bench_allocator
     data = data or default_data_dir()
@@ -75,8 +76,8 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
 
     def say(line: str) -> None:
         lines.append(line)
-        if progress:
-            print(line, file=sys.stderr, flush=True)
+        if out is not None:
+            print(line, file=out, flush=True)
     for name in traces:
         t0 = time.perf_counter()
         trace, workload, label = _trace_and_workload(name, data, jobs)

@@ -11,8 +11,11 @@ import math
 import random
 import time
 
+import numpy as np
+
 from malletrain.bench import Report
 from malletrain.core.decide import decide, size_grid
+from malletrain.core.stays import StayMap
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import InputError
 from malletrain.domain.model import (
@@ -56,12 +59,13 @@ def allocator_instance(nodes: int, jobs: int, seed: int):
 
 
 def _outlook(pool, states, rng: random.Random) -> Outlook:
-    """Predicted stays for every node (a seeded spread of short- and long-lived ones, as the
-    availability model gives) and learned pauses for every job."""
-    stays = {}
-    for n in pool:
-        tau = rng.choice([0.3, 1.0, 3.0, 30.0])        # the node's mean remaining idle time / H
-        stays[n.name] = Stay(tau * (1.0 - math.exp(-1.0 / tau)), 1.0 - math.exp(-1.0 / tau))
+    """Predicted stays for every node (a seeded spread of short- and long-lived ones) and learned
+    pauses for every job.  As the availability model does, nodes alike share one :class:`Stay`
+    and the stays come as a :class:`StayMap` (grouped by stay)."""
+    taus = (0.3, 1.0, 3.0, 30.0)                        # the node's mean remaining idle time / H
+    kinds = [Stay(tau * (1.0 - math.exp(-1.0 / tau)), 1.0 - math.exp(-1.0 / tau)) for tau in taus]
+    codes = np.array([taus.index(rng.choice(taus)) for _ in pool], dtype=np.int64)
+    stays = StayMap(tuple(n.name for n in pool), codes, kinds)
     costs = {s.job_id: RescaleCost(s.spec.rescale_up_s * rng.uniform(0.5, 1.5),
                                    s.spec.rescale_down_s * rng.uniform(0.5, 1.5), 3, 3) for s in states}
     return Outlook(costs, stays)

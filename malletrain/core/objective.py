@@ -133,8 +133,19 @@ class FreeOrder:
             have = len(nodes & free)
             if have:
                 best.extend(repeat(_VALUE(stay), min(have, limit - len(best))))
-        if len(best) < limit:
-            best += _ranked(_counts(map(stays.get, held, repeat(STAYING))), limit - len(best), longest=False)
+        if len(best) < limit:       # then the held nodes, shortest stay first (those without one last)
+            held = held if isinstance(held, AbstractSet) else set(held)
+            rest = limit - len(best)
+            shortest: list[tuple[float, float]] = []
+            for stay, nodes in reversed(stays.groups()):
+                if len(shortest) >= rest:
+                    break
+                have = len(nodes & held)
+                if have:
+                    shortest.extend(repeat(_VALUE(stay), min(have, rest - len(shortest))))
+            if len(shortest) < rest:
+                shortest.extend(repeat(_VALUE(STAYING), min(len(held - stays.keys()), rest - len(shortest))))
+            best += shortest
         order.sums = _prefix(best)
         return order
 

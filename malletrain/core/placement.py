@@ -19,13 +19,16 @@ slow nodes (a learned slowdown exponent >= ``SENSITIVE``,
 fastest (lowest ``variability``) nodes first, in their group when they have one;
 jobs found insensitive (at most ``INSENSITIVE``) take the slowest first.
 Never assigns a node twice, never a node outside the pool, never migrates.
-Free nodes are sorted once; per-(type, group) queues make each take O(count).
+Free nodes are sorted once (keys built in C-level passes); per-(type, group) queues make each
+take O(count).
 """
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
+from operator import attrgetter, neg
 
 from malletrain.domain.model import JobState, Node, Stay
 
@@ -44,9 +47,23 @@ def _ranker(stays: Mapping[str, Stay]) -> Callable[[Node], tuple]:
     return rank
 
 
+_STAYS = Stay(1.0, 0.0)       # a node without a prediction ranks as one that stays
+_FRACTION, _LEAVE, _VARIABILITY = attrgetter("fraction"), attrgetter("leave_p"), attrgetter("variability")
+
+
+def _ranked(nodes: Sequence[Node], stays: Mapping[str, Stay]) -> list[Node]:
+    """``nodes`` sorted by :func:`_ranker`'s key, the keys built with C-level passes (the same
+    values: ``-fraction`` is ``neg(fraction)``; a node without a stay gets (-1.0, 0.0))."""
+    names = [n.name for n in nodes]
+    st = list(map(stays.get, names, repeat(_STAYS)))
+    windows = [-(math.inf if n.window_end_s is None else n.window_end_s) for n in nodes]
+    keys = list(zip(map(neg, map(_FRACTION, st)), map(_LEAVE, st), windows, map(_VARIABILITY, nodes), names))
+    return [nodes[i] for i in sorted(range(len(nodes)), key=keys.__getitem__)]
+
+
 class _FreeNodes:
-    def __init__(self, nodes: Sequence[Node], rank: Callable[[Node], tuple]) -> None:
-        ordered = sorted(nodes, key=rank)
+    def __init__(self, nodes: Sequence[Node], stays: Mapping[str, Stay]) -> None:
+        ordered = _ranked(nodes, stays)
         self.by_type: dict[str, deque] = defaultdict(deque)
         self.by_group: dict[tuple[str, str], deque] = defaultdict(deque)
         self.count: Counter = Counter()
@@ -119,7 +136,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
 
     def take(job_id: str, ntype: str | None, count: int, group: str | None) -> None:
         if not index:
-            index.append(_FreeNodes([n for n in nodes if n.name not in held], _rank))
+            index.append(_FreeNodes([n for n in nodes if n.name not in held], stays))
         free = index[0]
         s = sensitive.get(job_id)
         speed = 0 if s is None else 1 if s >= SENSITIVE else -1 if s <= INSENSITIVE else 0
