@@ -109,3 +109,15 @@ def pytest_runtest_makereport(item, call):
     for log in sorted(tmp.glob("*.log")):
         lines = log.read_text(errors="replace").splitlines()[-60:]
         report.sections.append((f"{log.name} (last {len(lines)} lines)", "\n".join(lines)))
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-searchable directory in /tmp (like a scratch area), so that only ownership and
+    modes decide what the progress reader accepts (the progress-file tests)."""
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="mt-progress-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-
-import pytest
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.progress import ProgressSource, ProgressTail
@@ -19,13 +15,6 @@ from malletrain.domain.model import Snapshot
 ME = os.getuid()
 MiB = 1 << 20
 
-
-@pytest.fixture
-def shared_dir():
-    d = tempfile.mkdtemp(prefix="mt-budget-", dir="/tmp")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def rec(t, samples, nodes=2, **kw):

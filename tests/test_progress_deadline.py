@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import threading
 
 import pytest
@@ -26,13 +24,6 @@ from malletrain.domain.model import Snapshot
 ME = os.getuid()
 GUARD_S = 30.0          # "returned at all" (a blocked loop never does), not a speed bound
 
-
-@pytest.fixture
-def shared_dir():
-    d = tempfile.mkdtemp(prefix="mt-deadline-", dir="/tmp")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Hung:

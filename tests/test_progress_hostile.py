@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
@@ -19,14 +17,6 @@ from malletrain.domain.model import Snapshot
 ME = os.getuid()
 OTHER = ME + 4242            # a uid that owns nothing here
 
-
-@pytest.fixture
-def shared_dir():
-    """A world-searchable directory (like a scratch area), so only ownership decides."""
-    d = tempfile.mkdtemp(prefix="mt-progress-", dir="/tmp")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def rec(t, samples, nodes=2, **kw):

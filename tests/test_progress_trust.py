@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -18,13 +16,6 @@ from malletrain.daemon.progress import ProgressTail
 
 ME = os.getuid()
 
-
-@pytest.fixture
-def shared_dir():
-    d = tempfile.mkdtemp(prefix="mt-trust-", dir="/tmp")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def good_lines():
