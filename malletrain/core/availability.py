@@ -133,6 +133,8 @@ class _Stays:
     table: _StayTable
     codes: np.ndarray
     out: dict[str, Stay]
+    by_code: dict[int, Stay]            # the Stay object each code got
+    by_value: dict[tuple[float, float], Stay]
 
 
 class IdleHistory:
@@ -307,17 +309,26 @@ class IdleHistory:
             return last.out
         present = np.zeros(len(GRID) * (hi - lo + 1), dtype=bool)    # codes are small: a dense remap
         present[codes] = True
-        uniq = np.flatnonzero(present)
+        uniq = np.flatnonzero(present).tolist()
         inverse = (np.cumsum(present) - 1)[codes]
-        per_code = [table.memoised(c // (hi - lo + 1), c % (hi - lo + 1) + lo) for c in uniq.tolist()]
+        per_code = [table.memoised(c // (hi - lo + 1), c % (hi - lo + 1) + lo) for c in uniq]
+        if last is not None:
+            # a stay of the same value as before is the same object: comparing this answer with
+            # the last one (the cycle's memo) then stops at identity for the nodes that kept theirs
+            per_code = [last.by_value.get((st.fraction, st.leave_p), st) for st in per_code]
         if not exact:
+            by_code = dict(zip(uniq, per_code))
+            if (last is not None and last.names == names and np.array_equal(last.codes, codes)
+                    and all(last.by_code.get(c) is st for c, st in by_code.items())):
+                self._last = _Stays(names, table, codes, last.out, by_code, last.by_value)
+                return last.out                 # a new table, the same stays
             grouped = StayMap(names, inverse.reshape(-1), per_code)
-            self._last = _Stays(names, table, codes, grouped)
+            self._last = _Stays(names, table, codes, grouped, by_code,
+                                {(st.fraction, st.leave_p): st for st in per_code})
             return grouped
         out = dict(zip(names, map(per_code.__getitem__, inverse.tolist())))
         for i, window in exact:
             out[names[i]] = table.stay(float(ages[i]), window, int(scales[i]))
-        self._last = None
         return out
 
     def _since_of(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
