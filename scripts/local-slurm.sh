@@ -40,7 +40,9 @@
 #
 # `up` prints `SLURM_CONF=<path>` and `SLURM_BIN=<dir>`: point clients at both
 # (export SLURM_CONF=...; PATH=<dir>:$PATH).  Everything lives under DIR
-# (default: .local-slurm/ in the repository, or $LOCAL_SLURM_DIR); `down`
+# (default: .local-slurm/ in the repository, or $LOCAL_SLURM_DIR; other accounts, the
+# daemon's among them, read its config and clients: where the checkout's parents are private,
+# use a --dir they can reach, as scripts/demo.sh does); `down`
 # cancels the jobs, stops the daemons and leaves nothing running.  `up` with
 # a different version, node count or grace time restarts the cluster from a
 # clean state.
@@ -63,7 +65,7 @@ while [ $# -gt 0 ]; do
         --cloud-nodes) CLOUD="$2"; shift 2 ;;
         --rest) REST="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "local-slurm: unknown option $1 (valid: --slurm V, --accounting, --nodes N, --grace S, --max-jobs N, --min-job-age S, --preempt-mode M, --enforce-limits, --dir DIR, --cloud-nodes M, --rest PORT)" >&2; exit 2 ;;
         *) ARGS+=("$1"); shift ;;
     esac
