@@ -18,6 +18,10 @@ run advise           python -m devtools bench advise --data "$DATA"
 run fairness         python -m devtools bench fairness --data "$DATA"
 run fairness-160     python -m devtools bench fairness --data "$DATA" --jobs 160
 run variability      python -m devtools bench variability
+# What the forecasts cost: every trace replayed with them on and off in one run, and the allocator
+# both ways; prints the on/off ratios and whether the targets of issue #23 hold (forecasts.sh
+# runs the same with --guard: exit 1 when one is missed).
+run forecast-cost    python -m devtools bench forecasts --data "$DATA"
 run replay-15d       python -m devtools bench replay --data "$DATA" --json
 run replay-theta     python -m devtools bench replay --data "$DATA" --trace "$DATA/traces/theta_2022.swf" --json
 # Quality: two real traces, one workload each, every policy.

@@ -154,7 +154,8 @@ class IdleHistory:
         self._seq: dict[str, int] = {}             # node -> order it entered ``since`` (closures go in it)
         self._entered = 0
         self._pool: tuple[str, ...] = ()           # the last update's pool
-        self._own: dict[str, tuple[float, int]] = {}   # node -> (Σ recent, len(recent)), set as it closes
+        self._own_sum: dict[str, float] = {}       # node -> Σ recent, set as a stretch of it closes
+        self._own_len: dict[str, int] = {}         # node -> len(recent)
         self._censored: _Censored | None = None
         self._table: tuple[list[float] | None, float, _StayTable] | None = None
         self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
@@ -185,7 +186,7 @@ class IdleHistory:
             self._close(length)
             own = self.recent.setdefault(n, deque(maxlen=NODE_MEMORY))
             own.append(math.log(max(1.0, length)))
-            self._own[n] = (sum(own), len(own))
+            self._own_sum[n], self._own_len[n] = sum(own), len(own)
         new = present - self.since.keys()
         for n in new:
             self.since[n] = now_s
@@ -368,13 +369,12 @@ class IdleHistory:
         if hit is not None and hit[0] == self.version and hit[1] == names:
             return hit[2]
         n = len(names)
-        if self._log_weight <= 0 or not self._own:
+        if self._log_weight <= 0 or not self._own_sum:
             scales = np.zeros(n, dtype=np.int64)
         else:
             typical = self._log_sum / self._log_weight
-            own = self._own
-            total = np.fromiter((own.get(x, (0.0, 0))[0] for x in names), dtype=float, count=n)
-            count = np.fromiter((own.get(x, (0.0, 0))[1] for x in names), dtype=float, count=n)
+            total = np.fromiter(map(self._own_sum.get, names, repeat(0.0)), dtype=float, count=n)
+            count = np.fromiter(map(self._own_len.get, names, repeat(0)), dtype=float, count=n)
             raw = np.rint((total - count * typical) / (count + NODE_PRIOR) / _LOG_RATIO)
             scales = np.where(count > 0, raw, 0.0).astype(np.int64)
         self._scales = (self.version, names, scales)

@@ -1,0 +1,153 @@
+"""Issue #23: the forecasts computed incrementally give what the plain computation gives.
+
+Each fast path is checked against the straightforward one it replaced, on seeded random inputs:
+the availability model's stays (numpy ages, cached survival table, grouped answer) against a
+node-by-node loop; the grid index in numpy against ``math.log``; FreeOrder read off a StayMap's
+groups against counting every node; placement's C-level sort keys against the rank function.
+(The replays' decisions are pinned by the golden files.)  No timing here: the figures come from
+``python -m devtools bench forecasts``.
+"""
+import math
+import random
+
+import numpy as np
+import pytest
+
+from malletrain.core.availability import GRID, GRID_RATIO, IdleHistory, _index, _indices, _StayTable
+from malletrain.core.objective import FreeOrder
+from malletrain.core.placement import _ranked, _ranker
+from malletrain.core.stays import StayMap
+from malletrain.domain.model import STAYING, Node, Stay
+
+
+def _reference_stays(h: IdleHistory, now: float, nodes, horizon: float) -> dict:
+    """The node-by-node computation the vectorised one replaced."""
+    k = len(GRID) - 1
+    surv = None
+    if h.closed >= h.min_stretches:
+        starts = sorted(h._starts)
+        censored, hi = [0.0] * k, len(starts)
+        import bisect
+        for i in range(k):
+            lo = bisect.bisect_right(starts, now - GRID[i + 1])
+            censored[i] = (hi - lo) * h._weight
+            hi = lo
+        censored[k - 1] += hi * h._weight
+        at_risk = sum(h._closed) + sum(censored)
+        surv, s = [1.0], 1.0
+        for i in range(k):
+            d = h._closed[i]
+            risk = at_risk - censored[i] / 2.0
+            if risk > 0 and d > 0:
+                s *= max(0.0, 1.0 - d / risk)
+            surv.append(s)
+            at_risk -= d + censored[i]
+    table = _StayTable(surv, horizon)
+    out = {}
+    for n in nodes:
+        window = None if n.window_end_s is None else max(0.0, n.window_end_s - now)
+        if surv is None and (window is None or window >= horizon):
+            continue
+        age = max(0.0, now - h.since.get(n.name, now))
+        out[n.name] = table.stay(age, window, h._scale(n.name) if surv is not None else 0)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stays_equal_the_node_by_node_computation(seed):
+    rng = random.Random(seed)
+    names = [f"n{i:03d}" for i in range(60)]
+    h = IdleHistory(min_stretches=10, half_life=50)
+    pool: set[str] = set(rng.sample(names, 30))
+    t = 1.6e9
+    for step in range(400):
+        t += rng.choice([1.0, 7.5, 30.0, 30.0, 240.0, 3600.0])
+        for n in rng.sample(names, rng.randint(0, 4)):     # the primary scheduler takes and frees nodes
+            pool.symmetric_difference_update({n})
+        windows = {n: (t + rng.uniform(-50, 2000) if rng.random() < 0.2 else None) for n in pool}
+        nodes = tuple(Node(n, window_end_s=windows[n]) for n in sorted(pool, key=lambda x: rng.random()))
+        h.observe(t, nodes)
+        if step % 3 == 0:
+            extra = (Node("never-seen"),) if step % 2 else ()
+            got = h.stays(t, nodes + extra, 600.0)
+            want = _reference_stays(h, t, nodes + extra, 600.0)
+            assert got == want
+            again = h.stays(t + 0.5, nodes + extra, 600.0)          # cached parts reused: still equal
+            assert again == _reference_stays(h, t + 0.5, nodes + extra, 600.0)
+    assert h.closed >= h.min_stretches
+
+
+def test_an_unchanged_answer_is_the_same_object_and_a_changed_one_is_not():
+    h = IdleHistory(min_stretches=3)
+    for i in range(5):
+        h.update(100.0 * i, [f"x{i}"])
+        h.update(100.0 * i + 50.0, [])
+    nodes = (Node("a"), Node("b"))
+    h.observe(1000.0, nodes)
+    first = h.stays(1000.5, nodes, 600.0)
+    assert isinstance(first, StayMap)
+    assert h.stays(1000.6, nodes, 600.0) is first            # nothing changed: the same mapping
+    later = h.stays(5000.0, nodes, 600.0)                     # the nodes aged: new stays
+    assert later is not first and later == _reference_stays(h, 5000.0, nodes, 600.0)
+
+
+def test_the_survival_table_is_reused_only_while_it_is_exact():
+    rng = random.Random(3)
+    h = IdleHistory(min_stretches=5)
+    t = 0.0
+    for i in range(40):
+        h.update(t, [f"n{j}" for j in range(i % 7 + 1)])
+        t += rng.uniform(1, 500)
+    for now in sorted(t + rng.uniform(0, 5e4) for _ in range(200)):
+        cached = h.survival(now)
+        h._censored = None                      # force a fresh count
+        assert h.survival(now) == cached
+
+
+def test_the_vectorised_grid_index_equals_math_log_even_at_grid_points():
+    rng = np.random.default_rng(0)
+    ages = np.concatenate([rng.uniform(0, 2, 500), np.exp(rng.uniform(0, 20, 2000)), np.array(GRID),
+                           np.nextafter(np.array(GRID), 0), np.nextafter(np.array(GRID), np.inf),
+                           np.array(GRID[1:]) * GRID_RATIO ** -3 * GRID_RATIO ** 3, [1e12, 0.0]])
+    assert _indices(ages).tolist() == [_index(float(a)) for a in ages]
+
+
+def _random_stays(rng, names, kinds):
+    return {n: rng.choice(kinds) for n in names if rng.random() < 0.9}     # some nodes have none
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_free_order_from_groups_equals_counting_every_node(seed):
+    rng = random.Random(seed)
+    names = tuple(f"n{i}" for i in range(rng.randint(1, 80)))
+    kinds = [Stay(round(rng.random(), 2), round(rng.random(), 2)) for _ in range(rng.randint(1, 6))] + [STAYING]
+    codes = np.array([rng.randrange(len(kinds)) for _ in names], dtype=np.int64)
+    grouped = StayMap(names, codes, kinds)
+    plain = dict(grouped)
+    pool = set(names) | {f"new{i}" for i in range(rng.randint(0, 5))}      # nodes the stays do not know
+    held = set(rng.sample(sorted(pool), rng.randint(0, len(pool) // 2)))
+    free = pool - held - set(rng.sample(sorted(pool), rng.randint(0, 3)))
+    for limit in (0, 1, 3, 10, len(pool), len(pool) + 5):
+        want = FreeOrder([plain.get(n, STAYING) for n in free], [plain.get(n, STAYING) for n in held], limit)
+        got = FreeOrder.of(grouped, free, held, limit)
+        assert got.sums == want.sums
+        assert FreeOrder.of(plain, free, held, limit).sums == want.sums
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_placement_sort_keys_equal_the_rank_function(seed):
+    rng = random.Random(seed)
+    kinds = [Stay(rng.random(), rng.random()) for _ in range(4)] + [Stay(0.5, 0.5), Stay(0.5, 0.25)]
+    nodes = [Node(f"n{i}", group=rng.choice("ab"), variability=rng.choice([1.0, 1.2]),
+                  window_end_s=rng.choice([None, None, rng.uniform(0, 1e4)])) for i in range(200)]
+    stays = {n.name: rng.choice(kinds) for n in nodes if rng.random() < 0.8}
+    assert _ranked(nodes, stays) == sorted(nodes, key=_ranker(stays))
+    assert _ranked(nodes, {}) == sorted(nodes, key=_ranker({}))
+
+
+def test_a_stay_map_is_the_plain_mapping():
+    kinds = [Stay(0.2, 0.9), Stay(1.0, 0.0)]
+    m = StayMap(("a", "b", "c"), np.array([1, 0, 1]), kinds)
+    assert m == {"a": kinds[1], "b": kinds[0], "c": kinds[1]}
+    assert [(s, sorted(ns)) for s, ns in m.groups()] == [(kinds[1], ["a", "c"]), (kinds[0], ["b"])]
+    assert math.isclose(sum(s.fraction * len(ns) for s, ns in m.groups()), 2.2)
