@@ -159,6 +159,7 @@ class SlurmBackend:
         self.switches: dict[str, str] | None = None if slurm.topology else {}
         self._topology_retry = 0
         self._limits_failed = False
+        self._limits_due = False
 
     def _learn_topology(self) -> None:
         """Leaf switches from topology.conf, read once (a cluster without the topology plugin, or
@@ -199,7 +200,8 @@ class SlurmBackend:
         jobs += self._ended(jobs)
         nodes = self._nodes()
         every = self.slurm.reservations_every
-        if every and self._cycle % every == 0:
+        reservations_now = bool(every and self._cycle % every == 0)
+        if reservations_now:
             self._reservations = parse_reservations(
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
         self._read_tags(jobs)
@@ -208,6 +210,9 @@ class SlurmBackend:
             if r.phase is Phase.RUNNING:
                 self.nodes_used[r.user] = self.nodes_used.get(r.user, 0) + r.node_count
         if self.slurm.limits_every and self._cycle % self.slurm.limits_every == 0:
+            self._limits_due = True
+        if self._limits_due and not reservations_now:     # never two periodic reads in one cycle
+            self._limits_due = False
             self._read_node_limits(sorted({r.user for r in jobs if r.user and r.job_id in self.tag_records}))
         self._cycle += 1
 

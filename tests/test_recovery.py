@@ -301,3 +301,32 @@ def test_a_failed_job_is_requeued_before_slurm_can_forget_it_and_started_after_i
         assert fake.jobs["7"]["state"] == "RUNNING"
     finally:
         d.store.close()
+
+
+def test_a_job_that_never_writes_progress_and_exits_0_is_finished_not_run_again(tmp_path):
+    """A campaign trial that is a plain script (no malletrain runtime, so no progress file) and
+    exits 0 ends COMPLETED: finished as far as anyone can tell, never requeued (it was requeued
+    and run again up to max_failures times); the same job ending FAILED is lost work."""
+    from malletrain.slurm.parse import Tag
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    os.chmod(tmp_path, 0o755)
+    fake = FakeSlurm()
+    held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    held_job(fake, "8", Tag("tik", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    d, clock = _daemon(tmp_path, fake, max_failures=3)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        clock["t"] += 2
+        d.cycle_once()
+        fake.end("7", "COMPLETED")
+        fake.end("8", "FAILED")
+        fake.calls.clear()
+        for _ in range(3):
+            clock["t"] += 2
+            d.cycle_once()
+        assert ("requeuehold", "7") not in _writes(fake) and ("requeuehold", "8") in _writes(fake)
+        assert fake.jobs["7"]["state"] == "COMPLETED"
+    finally:
+        d.store.close()

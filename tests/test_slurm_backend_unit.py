@@ -267,6 +267,7 @@ def test_owner_association_node_limits_hold_for_the_daemons_resizes():
     fake.jobs["9"] = dict(partition="batch", state="RUNNING", reason="None", nodes=("n4",), comment="")
     fake.nodes["n4"] = "allocated"       # the owner's own primary job holds one node
     b, _, _ = _backend(fake)
+    b.observe()                       # cycle 0 reads reservations; the limits come the cycle after
     obs = b.observe()
     assert b.node_limits == {"u": 3} and b.nodes_used == {"u": 1}
     assert {j.job_id: j.spec.max_nodes for j in obs.snapshot.jobs} == {"7": 2, "8": 2}
@@ -277,5 +278,23 @@ def test_owner_association_node_limits_hold_for_the_daemons_resizes():
     fake.assoc = {}
     b2, _, _ = _backend(fake)
     b2.observe()
+    b2.observe()
     assert b2.node_limits == {} and b2.within_limits([Action("8", ActionKind.START, (), ("n3",), "w",
                                                              ReasonCode.GAIN)])
+
+
+def test_a_steady_cycle_makes_at_most_three_reads_with_limits_and_reservations_read():
+    """The queue, the partition's nodes, and at most one periodic read (reservations, or the
+    owners' node limits: never both in one cycle)."""
+    fake = FakeSlurm()
+    fake.assoc = {"u": "node=3"}
+    _held(fake, "7")
+    b, _, _ = _backend(fake)
+    b.observe()
+    kinds = set()
+    for _ in range(13):
+        fake.calls.clear()
+        b.observe()
+        assert len(fake.calls) <= 3, fake.calls
+        kinds |= {c[0] for c in fake.calls}
+    assert {"sacctmgr", "scontrol"} <= kinds          # both periodic reads happened

@@ -560,8 +560,8 @@ class ProgressSource:
                 r = self._read(job, facts, out, cap - u.bytes)
                 if r.status in (ReadStatus.DEFERRED, ReadStatus.TIMED_OUT, ReadStatus.HANGING):
                     return                  # not read: no verdict (go on next cycle)
-                if r.status is ReadStatus.MISSING:
-                    verdict = False
+                if r.status is ReadStatus.MISSING:   # never wrote one: no record facility, like no path
+                    verdict = None
                     break
                 if r.status is ReadStatus.REFUSED:
                     verdict = None

@@ -17,7 +17,8 @@ DEADLINE                               its owner's ``--deadline`` passed: left (
 REVOKED                                a federation sibling runs it: left
 SPECIAL_EXIT                           requeued held by the site's epilog on an exit
                                        code it singles out: left for its owner
-COMPLETED, no record facility          finished as far as anyone can tell: left
+COMPLETED, no progress file (none      finished as far as anyone can tell: left
+named, or it never wrote one)
 PREEMPTED (``PreemptMode=CANCEL``:     taken by a primary job, no fault of its own:
 Slurm cancelled it for a primary job)  requeued held at once, same job id; not a
                                        failure, no strike against its nodes
