@@ -160,6 +160,7 @@ class SlurmBackend:
         self._topology_retry = 0
         self._limits_failed = False
         self._limits_due = False
+        self._limits_asked: set[str] = set()
 
     def _learn_topology(self) -> None:
         """Leaf switches from topology.conf, read once (a cluster without the topology plugin, or
@@ -206,14 +207,20 @@ class SlurmBackend:
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
         self._read_tags(jobs)
         self.nodes_used = {}
-        for r in jobs:
-            if r.phase is Phase.RUNNING:
-                self.nodes_used[r.user] = self.nodes_used.get(r.user, 0) + r.node_count
-        if self.slurm.limits_every and self._cycle % self.slurm.limits_every == 0:
-            self._limits_due = True
-        if self._limits_due and not reservations_now:     # never two periodic reads in one cycle
-            self._limits_due = False
-            self._read_node_limits(sorted({r.user for r in jobs if r.user and r.job_id in self.tag_records}))
+        for r in jobs:      # running, or released by the daemon onto nodes and not yet running
+            held = (r.node_count if r.phase is Phase.RUNNING else
+                    len(self.books[r.job_id].launching) if r.phase is Phase.PENDING and r.job_id in self.books else 0)
+            if held:
+                self.nodes_used[r.user] = self.nodes_used.get(r.user, 0) + held
+        if self.slurm.limits_every:
+            owners = {r.user for r in jobs if r.user and r.job_id in self.tag_records}
+            if self._cycle % self.slurm.limits_every == 0:
+                self._limits_due = True
+            # a new owner's limit is read before their first decision; the periodic re-read never
+            # shares a cycle with the reservations read (a steady cycle stays at 3 reads)
+            if owners - self._limits_asked or (self._limits_due and not reservations_now):
+                self._limits_due = False
+                self._read_node_limits(sorted(owners))
         self._cycle += 1
 
         malleable: list[tuple[JobRecord, Tag]] = []
@@ -294,13 +301,14 @@ class SlurmBackend:
         not for a job whose node count an operator set (measured on 22.05, 24.11 and 26.05:
         such a job starts beyond its owner's limit), so the daemon keeps them in its plans.  A
         cluster without accounting, or slurmdbd down, gives no new limits (the last ones stay)."""
+        self._limits_asked = set(users)        # asked, answered or not: the next try is periodic
         if not users:
             self.node_limits = {}
             return
         users = users[:MAX_LIMIT_USERS]
         try:
             text = self.runner.read(["sacctmgr", "-nP", "show", "assoc", "where", f"users={','.join(users)}",
-                                     f"format={LIMITS_FORMAT}"])
+                                     f"format={LIMITS_FORMAT}"], retries=0)
         except BackendError as exc:
             if not self._limits_failed:
                 log.warning("cannot read association node limits (%s); keeping the last ones known", exc)
@@ -316,7 +324,8 @@ class SlurmBackend:
         limit = self.node_limits.get(r.user)
         if limit is None:
             return tag
-        held = r.node_count if r.phase is Phase.RUNNING else 0
+        launching = self.books.get(r.job_id, Book()).launching if r.phase is Phase.PENDING else ()
+        held = r.node_count if r.phase is Phase.RUNNING else len(launching)   # never below its nodes
         room = max(held, held + limit - self.nodes_used.get(r.user, 0))
         if room >= tag.max_nodes:
             return tag

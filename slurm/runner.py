@@ -102,15 +102,16 @@ class Runner:
         self.stats = CommandStats()
 
     def read(self, argv: Sequence[str], timeout_s: float | None = None, *,
-             unknown_job_ok: bool = False) -> str:
+             unknown_job_ok: bool = False, retries: int | None = None) -> str:
         """Run a read-only command; retried on failure.  Returns stdout.
 
         ``unknown_job_ok``: a ``squeue -j`` of job ids.  Given a single id that slurmctld no
         longer holds (purged after MinJobAge, or never existed) squeue exits 1 with "Invalid job
         id specified" (22.05, 24.11, 26.05; a list of ids exits 0 listing those it holds): that
-        answer is "no such job", an empty listing, not a failure, and is not retried."""
+        answer is "no such job", an empty listing, not a failure, and is not retried.
+        ``retries`` replaces the runner's own count for this read (0: a read worth one try)."""
         last: SlurmCommandError | None = None
-        for attempt in range(self.retries + 1):
+        for attempt in range((self.retries if retries is None else retries) + 1):
             if attempt:
                 if self.stop.is_set():
                     break

@@ -267,17 +267,17 @@ def test_owner_association_node_limits_hold_for_the_daemons_resizes():
     fake.jobs["9"] = dict(partition="batch", state="RUNNING", reason="None", nodes=("n4",), comment="")
     fake.nodes["n4"] = "allocated"       # the owner's own primary job holds one node
     b, _, _ = _backend(fake)
-    b.observe()                       # cycle 0 reads reservations; the limits come the cycle after
-    obs = b.observe()
+    obs = b.observe()                 # a new owner's limit is read before their first decision
     assert b.node_limits == {"u": 3} and b.nodes_used == {"u": 1}
     assert {j.job_id: j.spec.max_nodes for j in obs.snapshot.jobs} == {"7": 2, "8": 2}
     b.apply([Action("7", ActionKind.START, (), ("n1", "n2"), "why", ReasonCode.GAIN),
              Action("8", ActionKind.START, (), ("n3",), "why", ReasonCode.GAIN)])
     started = {c[2].split("=")[1] for c in _writes(fake) if c[1] == "update"}
     assert started == {"7"} and b.events.deferred_launches == 1         # 1 + 2 = 3; a third node is not
+    (j7,) = [j for j in b.observe().snapshot.jobs if j.job_id == "7"]   # released, not yet running:
+    assert j7.nodes == ("n1", "n2") and j7.spec.max_nodes >= 2          # never capped below its nodes
     fake.assoc = {}
     b2, _, _ = _backend(fake)
-    b2.observe()
     b2.observe()
     assert b2.node_limits == {} and b2.within_limits([Action("8", ActionKind.START, (), ("n3",), "w",
                                                              ReasonCode.GAIN)])
@@ -298,3 +298,23 @@ def test_a_steady_cycle_makes_at_most_three_reads_with_limits_and_reservations_r
         assert len(fake.calls) <= 3, fake.calls
         kinds |= {c[0] for c in fake.calls}
     assert {"sacctmgr", "scontrol"} <= kinds          # both periodic reads happened
+
+
+def test_a_limit_learned_after_a_launch_never_caps_a_job_below_its_nodes():
+    """A job released onto 2 nodes before its owner's limit (2, one node held elsewhere) was
+    known: the cap leaves it the nodes it is launching onto (a cap below them made every plan
+    invalid: 'plan rejected, nothing applied' for every user), and nothing more is launched."""
+    fake = FakeSlurm()
+    _held(fake, "7")
+    _held(fake, "8")
+    fake.jobs["9"] = dict(partition="batch", state="RUNNING", reason="None", nodes=("n4",), comment="")
+    fake.nodes["n4"] = "allocated"
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([Action("7", ActionKind.START, (), ("n1", "n2"), "why", ReasonCode.GAIN)])
+    fake.assoc = {"u": "node=2"}
+    b._read_node_limits(["u"])
+    clock["t"] += 2
+    jobs = {j.job_id: j for j in b.observe().snapshot.jobs}     # 7 released, not yet running
+    assert jobs["7"].nodes == ("n1", "n2") and jobs["7"].spec.max_nodes == 2
+    assert "8" not in jobs                                       # no room left for its min_nodes
