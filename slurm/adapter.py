@@ -207,9 +207,8 @@ class SlurmBackend:
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
         self._read_tags(jobs)
         self.nodes_used = {}
-        for r in jobs:      # running, or released by the daemon onto nodes and not yet running
-            held = (r.node_count if r.phase is Phase.RUNNING else
-                    len(self.books[r.job_id].launching) if r.phase is Phase.PENDING and r.job_id in self.books else 0)
+        for r in jobs:
+            held = self._held_nodes(r)
             if held:
                 self.nodes_used[r.user] = self.nodes_used.get(r.user, 0) + held
         if self.slurm.limits_every:
@@ -317,6 +316,14 @@ class SlurmBackend:
         self._limits_failed = False
         self.node_limits = parse_node_limits(text, users)
 
+    def _held_nodes(self, r: JobRecord) -> int:
+        """Nodes ``r`` counts against its owner's limit: running, or released by the daemon onto
+        nodes and not running yet."""
+        if r.phase is Phase.RUNNING:
+            return r.node_count
+        book = self.books.get(r.job_id)
+        return len(book.launching) if r.phase is Phase.PENDING and book is not None else 0
+
     def _limited(self, r: JobRecord, tag: Tag) -> Tag | None:
         """``tag`` with max_nodes within its owner's association node limit: the nodes the job
         holds plus what the owner's limit leaves (never below what it holds: no forced shrink);
@@ -324,8 +331,7 @@ class SlurmBackend:
         limit = self.node_limits.get(r.user)
         if limit is None:
             return tag
-        launching = self.books.get(r.job_id, Book()).launching if r.phase is Phase.PENDING else ()
-        held = r.node_count if r.phase is Phase.RUNNING else len(launching)   # never below its nodes
+        held = self._held_nodes(r)         # never below its nodes
         room = max(held, held + limit - self.nodes_used.get(r.user, 0))
         if room >= tag.max_nodes:
             return tag

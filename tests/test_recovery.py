@@ -148,15 +148,21 @@ def _writes(fake):
     return [tuple(c[1:]) for c in fake.calls if c[0] == "scontrol" and c[1] not in ("-o", "show")]
 
 
-def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_path):
-    from malletrain.daemon.status import read_status
+def _tagged(tmp_path, *jobs):
+    """A scripted Slurm holding tagged malleable jobs of this user, with their metrics directory."""
+    from malletrain.slurm.parse import Tag
     metrics = tmp_path / "m"
     metrics.mkdir()
     os.chmod(tmp_path, 0o755)
-    from malletrain.slurm.parse import Tag
     fake = FakeSlurm()
-    held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
-    held_job(fake, "8", Tag("tik", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    for j in jobs:
+        held_job(fake, j, Tag(f"t{j}", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    return fake, metrics
+
+
+def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_path):
+    from malletrain.daemon.status import read_status
+    fake, metrics = _tagged(tmp_path, "7", "8")
     d, clock = _daemon(tmp_path, fake)
     try:
         d.cycle_once()
@@ -200,12 +206,7 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
 def test_a_job_queued_again_after_its_work_ended_done_is_cancelled_not_run_twice(tmp_path):
     """The daemon stops a job (requeuehold) in the very second its last step finished and wrote
     its final 'done' record: the copy queued again must not run (it would finish twice)."""
-    metrics = tmp_path / "m"
-    metrics.mkdir()
-    os.chmod(tmp_path, 0o755)
-    from malletrain.slurm.parse import Tag
-    fake = FakeSlurm()
-    held_job(fake, "9", Tag("tak", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    fake, metrics = _tagged(tmp_path, "9")
     d, clock = _daemon(tmp_path, fake)
     try:
         d.cycle_once()
@@ -267,12 +268,7 @@ def test_a_failed_job_is_requeued_before_slurm_can_forget_it_and_started_after_i
     """A site with a short MinJobAge purges an ended job within seconds: the daemon requeues it
     (held) in the cycle it sees it ended, and waits out the back-off before starting it again.
     Before, the requeue itself waited for the back-off, and a job purged meanwhile was lost."""
-    from malletrain.slurm.parse import Tag
-    metrics = tmp_path / "m"
-    metrics.mkdir()
-    os.chmod(tmp_path, 0o755)
-    fake = FakeSlurm()
-    held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    fake, _ = _tagged(tmp_path, "7")
     d, clock = _daemon(tmp_path, fake, retry_backoff_s=30, max_failures=3)
     try:
         d.cycle_once()
@@ -307,13 +303,7 @@ def test_a_job_that_never_writes_progress_and_exits_0_is_finished_not_run_again(
     """A campaign trial that is a plain script (no malletrain runtime, so no progress file) and
     exits 0 ends COMPLETED: finished as far as anyone can tell, never requeued (it was requeued
     and run again up to max_failures times); the same job ending FAILED is lost work."""
-    from malletrain.slurm.parse import Tag
-    metrics = tmp_path / "m"
-    metrics.mkdir()
-    os.chmod(tmp_path, 0o755)
-    fake = FakeSlurm()
-    held_job(fake, "7", Tag("tok", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
-    held_job(fake, "8", Tag("tik", 1, 4, "p", 0, 0, str(metrics)).encode(), uid=os.getuid())
+    fake, metrics = _tagged(tmp_path, "7", "8")
     d, clock = _daemon(tmp_path, fake, max_failures=3)
     try:
         d.cycle_once()
