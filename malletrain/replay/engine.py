@@ -197,6 +197,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     decision_ms: list[float] = []
     timeline: list[tuple] = []
     progress: dict[str, list[tuple[float, float]]] = {}
+    recorded = [0]      # finished jobs whose final progress is in ``progress``
     memo = CycleMemo()
     reused = 0
     notes: list[str] = []
@@ -263,22 +264,28 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
                 if opts.check_invariants:
                     sim.check()
             if t >= next_row:
-                _record(sim, t, timeline, progress)
+                _record(sim, t, timeline, progress, recorded)
                 next_row = t + row_every
             bar.update(t - trace.start_s, len(decision_ms))
-        _record(sim, sim.now, timeline, progress)
+        _record(sim, sim.now, timeline, progress, recorded)
     finally:
         bar.close()
     return _result(trace, order, sim, source, opts, decision_ms, reused, notes, timeline, progress,
                    specs, works, time.perf_counter() - wall0, forecast, guess)
 
 
-def _record(sim: SimCluster, t: float, timeline: list, progress: dict) -> None:
+def _record(sim: SimCluster, t: float, timeline: list, progress: dict, final: list[int]) -> None:
+    """One timeline row, and each job's progress where it moved.  A finished job's progress no
+    longer moves: it is read once after it finished (``final[0]``: how many of ``sim.done_jobs``,
+    in the order they finished, have been), not at every row."""
     alloc = sum(len(j.nodes) for j in sim.jobs.values())
     running = sum(1 for j in sim.jobs.values() if j.nodes)
     thr = sum(j.rate for j in sim.jobs.values() if j.nodes and j.paused_until <= t)
     timeline.append((t, len(sim.pool), alloc, running, thr))
-    for jid, j in list(sim.jobs.items()) + list(sim.done_jobs.items()):
+    done = sim.done_jobs
+    fresh = list(done.items())[final[0]:] if len(done) > final[0] else []
+    final[0] = len(done)
+    for jid, j in list(sim.jobs.items()) + fresh:
         series = progress.setdefault(jid, [])
         frac = j.done / j.work
         if not series or series[-1][1] != frac:
