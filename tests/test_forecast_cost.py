@@ -151,3 +151,24 @@ def test_a_stay_map_is_the_plain_mapping():
     assert m == {"a": kinds[1], "b": kinds[0], "c": kinds[1]}
     assert [(s, sorted(ns)) for s, ns in m.groups()] == [(kinds[1], ["a", "c"]), (kinds[0], ["b"])]
     assert math.isclose(sum(s.fraction * len(ns) for s, ns in m.groups()), 2.2)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_free_order_from_pool_counts_equals_counting_every_free_node(seed):
+    """Where the stays cover the pool, the free nodes' stays are all the pool's counts less the held
+    nodes' (FreeOrder.of_pool): the same values, in the same order, as FreeOrder.of reading the free set."""
+    rng = random.Random(100 + seed)
+    nodes = tuple(Node(f"n{i}") for i in range(rng.randint(1, 80)))
+    names = tuple(n.name for n in nodes)
+    kinds = [Stay(round(rng.random(), 2), round(rng.random(), 2)) for _ in range(rng.randint(1, 6))] + [STAYING]
+    kinds.append(kinds[0])      # two codes with one value
+    codes = np.array([rng.randrange(len(kinds)) for _ in names], dtype=np.int64)
+    grouped = StayMap(names, codes, kinds, source=nodes)
+    assert grouped.covers(nodes) and not grouped.covers(list(nodes)) and not StayMap(names, codes, kinds).covers(nodes)
+    held = set(rng.sample(names, rng.randint(0, len(names) // 2)))
+    pinned = set(rng.sample(sorted(set(names) - held), min(3, len(names) - len(held)))) | {"gone"}  # a node not in the pool
+    free = set(names) - held - pinned
+    for limit in (0, 1, 3, 10, len(names), len(names) + 5):
+        want = FreeOrder.of(dict(grouped), free, held, limit)
+        got = FreeOrder.of_pool(grouped, held | pinned, held, limit)
+        assert got.sums == want.sums, limit

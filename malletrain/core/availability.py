@@ -163,6 +163,7 @@ class IdleHistory:
         self._starts_arr: tuple[int, np.ndarray] | None = None
         self._last: _Stays | None = None
         self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
+        self._index: tuple[tuple[str, ...], dict[str, int]] | None = None
 
     # -- input ------------------------------------------------------------
     def update(self, now_s: float, pool: Iterable[str]) -> None:
@@ -323,7 +324,7 @@ class IdleHistory:
                     and all(last.by_code.get(c) is st for c, st in by_code.items())):
                 self._last = _Stays(names, table, codes, last.out, by_code, last.by_value)
                 return last.out                 # a new table, the same stays
-            grouped = StayMap(names, inverse.reshape(-1), per_code)
+            grouped = StayMap(names, inverse.reshape(-1), per_code, source=nodes, index=self._index_of(names))
             self._last = _Stays(names, table, codes, grouped, by_code,
                                 {(st.fraction, st.leave_p): st for st in per_code})
             return grouped
@@ -343,6 +344,15 @@ class IdleHistory:
         unknown = missing if missing.any() else None
         self._since = (self.version, names, since, unknown)
         return since, unknown
+
+    def _index_of(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Name → position in ``names`` (kept for the same names: the stays it answers share it)."""
+        hit = self._index
+        if hit is not None and hit[0] is names:
+            return hit[1]
+        index = dict(zip(names, range(len(names))))
+        self._index = (names, index)
+        return index
 
     def _names_of(self, nodes: Sequence[Node]) -> tuple[str, ...]:
         """The nodes' names (kept for the same sequence object: the cycle's update and stays

@@ -77,10 +77,21 @@ def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
     return plan.changes()
 
 
+_PLAIN: list = [None, True]     # (the last pool tuple looked at, whether all its nodes are plain)
+
+
+def _plain(nodes: tuple) -> bool:
+    """No node is slow or in a topology group (kept for the same pool tuple: a backend hands the
+    same one while its pool is unchanged; held here, so its identity is not reused)."""
+    if _PLAIN[0] is not nodes:
+        _PLAIN[:] = [nodes, not any(n.variability != 1.0 or n.group for n in nodes)]
+    return _PLAIN[1]
+
+
 def placed(samples: tuple[Sample, ...], snapshot: Snapshot) -> tuple[Sample, ...]:
     """Samples with the facts of the nodes their job holds now (the slowest node's ``variability``,
     the topology groups spanned), where the job still runs on as many nodes as the sample says."""
-    if not samples or not any(n.variability != 1.0 or n.group for n in snapshot.nodes):
+    if not samples or _plain(snapshot.nodes):
         return samples
     nodes = {n.name: n for n in snapshot.nodes}
     held = {j.job_id: [nodes[x] for x in j.nodes if x in nodes] for j in snapshot.jobs if j.nodes}

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
 from malletrain.core.placement import place
+from malletrain.core.stays import StayMap
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
     DEFAULT_NODE_TYPE,
@@ -68,6 +69,18 @@ def _capacity(nodes: Sequence[Node]) -> Counter:
     return Counter(n.node_type for n in nodes)
 
 
+_POOL: list = [None, None, None]   # the last pool looked at (held, so its identity is not reused)
+
+
+def _pool_of(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
+    """The pool by name and its node count per type, kept for the same ``nodes`` object (a
+    backend hands the same tuple while its pool is unchanged; a cycle without a change of the
+    pool then pays no pass over it).  Both are read, never changed: callers copy the counter."""
+    if _POOL[0] is not nodes:
+        _POOL[:] = [nodes, {n.name: n for n in nodes}, _capacity(nodes)]
+    return _POOL[1], _POOL[2]
+
+
 Reason = tuple[ReasonCode, str]
 
 
@@ -91,8 +104,8 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     now = snapshot.now_s
     if config.policy not in FORECAST_POLICIES:
         outlook = NO_OUTLOOK
-    pool = {n.name: n for n in snapshot.nodes}
-    cap = _capacity(snapshot.nodes)
+    pool, types = _pool_of(snapshot.nodes)
+    cap = types.copy()
     targets: dict[str, tuple[str | None, int]] = {}
     reasons: dict[str, Reason] = {}
     notes: list[str] = []
@@ -311,7 +324,10 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         taken = {n for j in snapshot.jobs if j.job_id in targets for n in j.nodes}
         held = {n for j in jobs for n in j.nodes}
         grow = max((j.spec.max_nodes - j.size for j in jobs), default=0)
-        free = FreeOrder.of(stays, pool.keys() - taken - held, held, limit=grow)
+        if isinstance(stays, StayMap) and (stays.covers(snapshot.nodes) or stays.keys() == pool.keys()):
+            free = FreeOrder.of_pool(stays, taken | held, held, limit=grow)
+        else:
+            free = FreeOrder.of(stays, pool.keys() - taken - held, held, limit=grow)
     protect = cfg.starvation_s
     speeds: list[float] | None = None
     for j in jobs:

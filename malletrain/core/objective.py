@@ -149,6 +149,35 @@ class FreeOrder:
         order.sums = _prefix(best)
         return order
 
+    @classmethod
+    def of_pool(cls, stays: StayMap, busy: Iterable[str], held: Iterable[str], limit: int) -> FreeOrder:
+        """:meth:`of` for a map that :meth:`StayMap.covers` the pool: the free nodes are the
+        pool less ``busy`` (every node a job holds: ``held``, the nodes of jobs that may shrink,
+        and those of pinned jobs), counted per code as all the map's counts less ``busy``'s.
+        The same values in the same order as :meth:`of` with ``free = pool − busy``."""
+        order = cls.__new__(cls)
+        values = stays.by_code
+        ranked = stays.ranked()
+        free = [t - b for t, b in zip(stays.count(), stays.count(busy))]
+        best: list[tuple[float, float]] = []
+        for code in ranked:
+            if len(best) >= limit:
+                break
+            if free[code]:
+                best.extend(repeat(_VALUE(values[code]), min(free[code], limit - len(best))))
+        if len(best) < limit:       # then the held nodes, shortest stay first
+            rest = limit - len(best)
+            counts = stays.count(held)
+            shortest: list[tuple[float, float]] = []
+            for code in reversed(ranked):
+                if len(shortest) >= rest:
+                    break
+                if counts[code]:
+                    shortest.extend(repeat(_VALUE(values[code]), min(counts[code], rest - len(shortest))))
+            best += shortest
+        order.sums = _prefix(best)
+        return order
+
     def take(self, k: int) -> tuple[float, float]:
         """(Σ fraction, Σ log P(stays)) of the best ``k`` (beyond the list, nodes stay)."""
         m = min(k, len(self.sums) - 1)

@@ -6,14 +6,17 @@ few dozen distinct :class:`Stay` values (one per age interval and time scale).  
 mapping with the same items), and it can also list its distinct stays, longest first,
 each with the nodes that have it (:meth:`StayMap.groups`, built on first use from the
 per-node codes the model computed anyway).  The objective ranks the free nodes through
-the groups (:class:`malletrain.core.objective.FreeOrder`) instead of node by node.
+the groups (:class:`malletrain.core.objective.FreeOrder`) instead of node by node; where the
+map was built for the very pool tuple ``decide`` reads (:meth:`StayMap.covers`), it counts the
+stays of the free nodes as all the pool's counts less those of the nodes jobs hold
+(:meth:`StayMap.count`, :meth:`StayMap.ranked`): a pass over the held nodes, none over the pool.
 
 Anything that builds a ``StayMap`` must not change it afterwards.  Pure; imports the
 domain model and numpy only.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 
 import numpy as np
@@ -26,15 +29,54 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 class StayMap(dict[str, Stay]):
     """``dict`` node → Stay, built from per-node codes into a list of distinct stays."""
 
-    __slots__ = ("_codes", "_values", "_names", "_groups")
+    __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked")
 
-    def __init__(self, names: Sequence[str], codes: np.ndarray, values: Sequence[Stay]) -> None:
-        """Node ``names[i]`` has stay ``values[codes[i]]`` (names distinct)."""
+    def __init__(self, names: Sequence[str], codes: np.ndarray, values: Sequence[Stay], *,
+                 source: object = None, index: Mapping[str, int] | None = None) -> None:
+        """Node ``names[i]`` has stay ``values[codes[i]]`` (names distinct).  ``source``: the
+        pool sequence the names were read from, in order (see :meth:`covers`); ``index``: name →
+        position in ``names``, when the caller keeps one (else built on first use)."""
         super().__init__(zip(names, map(values.__getitem__, codes.tolist())))
         self._names = names
         self._codes = codes
         self._values = values
         self._groups: tuple[tuple[Stay, frozenset[str]], ...] | None = None
+        self._source = source
+        self._index = index
+        self._totals: np.ndarray | None = None
+        self._ranked: tuple[int, ...] | None = None
+
+    @property
+    def by_code(self) -> Sequence[Stay]:
+        """The stay of each code (a code may share its value with another)."""
+        return self._values
+
+    def covers(self, nodes: object) -> bool:
+        """Built for exactly this pool object: its keys are the names of ``nodes``, no more."""
+        return self._source is not None and self._source is nodes
+
+    def ranked(self) -> tuple[int, ...]:
+        """The codes, longest stay first, as :meth:`groups` orders them (equal stays in code
+        order)."""
+        if self._ranked is None:
+            order = list(range(len(self._values)))
+            order.sort(key=lambda c: self._values[c].leave_p)
+            order.sort(key=lambda c: self._values[c].fraction, reverse=True)
+            self._ranked = tuple(order)
+        return self._ranked
+
+    def count(self, names: Iterable[str] | None = None) -> list[int]:
+        """How many of ``names`` (None: of all) have each code; names it does not hold are not
+        counted."""
+        if names is None:
+            if self._totals is None:
+                self._totals = np.bincount(self._codes, minlength=len(self._values))
+            return self._totals.tolist()
+        if self._index is None:
+            self._index = dict(zip(self._names, range(len(self._names))))
+        at = self._index.get
+        idx = [i for i in map(at, names) if i is not None]
+        return np.bincount(self._codes[idx], minlength=len(self._values)).tolist()
 
     def groups(self) -> tuple[tuple[Stay, frozenset[str]], ...]:
         """The distinct stays, longest first — by (fraction, −leave_p), as the objective ranks

@@ -96,6 +96,7 @@ class SimCluster:
         self._pauses: list[tuple[float, PauseSample]] = []   # (when it is over, the measurement)
         self._finished: list[str] = []
         self.generation = 0   # bumped by every change decide() could see
+        self._pool_nodes: tuple[Node, ...] | None = None   # tuple(pool.values()) while the pool is unchanged
 
     def _node(self, name: str, window_end_s: float | None = None) -> Node:
         group, slowdown = self.node_info.get(name, ("", 1.0))
@@ -162,6 +163,7 @@ class SimCluster:
         """Apply one trace event; returns the job id it preempted, if any."""
         self.generation += 1
         self.busy[name] = busy
+        self._pool_nodes = None
         if not busy:
             self.pool[name] = self._node(name, window_end_s)
             return None
@@ -177,6 +179,7 @@ class SimCluster:
         """An idle (or harvested) node's next busy time becomes known, as a planned start would."""
         if name in self.pool:
             self.generation += 1
+            self._pool_nodes = None
             self.pool[name] = self._node(name, window_end_s)
 
     def settle_preemptions(self, hit: dict[str, int]) -> None:
@@ -241,7 +244,9 @@ class SimCluster:
         jobs = tuple(JobState(j.spec, tuple(j.nodes), DEFAULT_NODE_TYPE if j.nodes else None,
                               j.paused_until, j.last_change) for j in self.jobs.values())
         facts = {jid: JobFacts(j.spec.profile) for jid, j in self.jobs.items()}
-        obs = Observation(Snapshot(self.now, tuple(self.pool.values()), jobs),
+        if self._pool_nodes is None:    # the same tuple while the pool is the same: the core's caches key on it
+            self._pool_nodes = tuple(self.pool.values())
+        obs = Observation(Snapshot(self.now, self._pool_nodes, jobs),
                           tuple(self._finished), facts, self.generation)
         self._finished = []
         return obs
