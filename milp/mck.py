@@ -17,27 +17,6 @@ import numpy as np
 from malletrain.milp.problem import Allocation, Problem
 
 
-_ONE_BY_ONE = 4     # options a job may have before its update is done as one 2-D pass
-
-
-def _improve(new: np.ndarray, dp: np.ndarray, gains: list[tuple[int, float]], reach: int) -> None:
-    """``new[c] = max(new[c], max over options (s, g) with s <= c of dp[c - s] + g)`` for
-    ``c <= reach``, in a few array operations instead of two per option: each option's shifted
-    row is gathered from ``dp`` padded with −inf (where ``c < s``), and the rows' maximum taken.
-    The same IEEE sums are formed, and a maximum is exact, so the table is bitwise the one the
-    option-by-option update builds."""
-    sizes = np.fromiter((s for s, _ in gains), dtype=np.intp, count=len(gains))
-    values = np.fromiter((g for _, g in gains), dtype=float, count=len(gains))
-    width = reach + 1
-    padded = np.empty(width + int(sizes[-1]))
-    padded[:int(sizes[-1])] = -np.inf
-    padded[int(sizes[-1]):] = dp[:width]
-    # row k, column c reads padded[c - s_k + s_max] = dp[c - s_k] (−inf where c < s_k)
-    rows = padded[np.arange(width) + (int(sizes[-1]) - sizes)[:, None]]
-    rows += values[:, None]
-    np.maximum(new[:width], rows.max(axis=0), out=new[:width])
-
-
 def solve_mck(problem: Problem) -> Allocation:
     if len(problem.capacity) != 1:
         raise ValueError("the knapsack path needs exactly one node type")
@@ -63,11 +42,8 @@ def solve_mck(problem: Problem) -> Allocation:
         dp = tables[-1]
         new = dp.copy()
         reach = min(cap, reach + (gains[-1][0] if gains else 0))
-        if len(gains) > _ONE_BY_ONE:
-            _improve(new, dp, gains, reach)
-        else:
-            for s, g in gains:
-                np.maximum(new[s:reach + 1], dp[:reach + 1 - s] + g, out=new[s:reach + 1])
+        for s, g in gains:
+            np.maximum(new[s:reach + 1], dp[:reach + 1 - s] + g, out=new[s:reach + 1])
         new[reach + 1:] = new[reach]
         tables.append(new)
     sizes: dict[str, tuple[str | None, int]] = {}

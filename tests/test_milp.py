@@ -181,27 +181,3 @@ def test_fallback_note_reaches_the_log_and_the_summary(monkeypatch, caplog, tmp_
     assert "cbc exploded" in res.summary.solver_notes_first[0]
     assert any("fell back to greedy" in r.getMessage() for r in caplog.records)
 
-
-def test_knapsack_row_update_in_one_pass_is_bitwise_the_option_by_option_update():
-    """The DP's many-option update (one 2-D gather and a maximum) builds bitwise the table the
-    two-operations-per-option update builds, at every scale of values (issue #23)."""
-    import numpy as np
-
-    from malletrain.milp.mck import _improve
-    rng = random.Random(5)
-    checked = 0
-    for trial in range(400):
-        cap = rng.randint(1, 200)
-        dp = np.cumsum(np.abs(np.random.default_rng(trial).normal(size=cap + 1))) * rng.choice([1, 1e6, 1e-3])
-        best, gains = 0.0, []
-        for s in sorted(rng.sample(range(1, cap + 1), rng.randint(1, min(cap, 32)))):
-            best += rng.random() * rng.choice([1, 1e5])
-            gains.append((s, best))
-        reach = rng.randint(gains[-1][0], cap)
-        one_by_one, at_once = dp.copy(), dp.copy()
-        for s, g in gains:
-            np.maximum(one_by_one[s:reach + 1], dp[:reach + 1 - s] + g, out=one_by_one[s:reach + 1])
-        _improve(at_once, dp, gains, reach)
-        assert np.array_equal(one_by_one, at_once), trial
-        checked += 1
-    assert checked == 400
