@@ -172,3 +172,38 @@ def test_free_order_from_pool_counts_equals_counting_every_free_node(seed):
         want = FreeOrder.of(dict(grouped), free, held, limit)
         got = FreeOrder.of_pool(grouped, held | pinned, held, limit)
         assert got.sums == want.sums, limit
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_held_answer_equals_a_fresh_one_at_every_time_up_to_the_next_change(seed):
+    """For one pool object and no stretch opening or closing, the stays are returned without a
+    recomputation until the first time a node's age interval or the survival curve can change
+    (IdleHistory._hold).  Stepping through time — across the crossings, and right at them — every
+    answer equals the node-by-node one; the held path is taken (and a negative control: the answer
+    does change as the nodes age)."""
+    rng = random.Random(seed)
+    h = IdleHistory(min_stretches=5, half_life=30)
+    t = 1.6e9 if seed % 2 else 0.0
+    for i in range(200):                    # closed stretches, short on some nodes, long on others
+        h.update(t, [f"n{j}" for j in range(25) if rng.random() < 0.3 + 0.025 * j])
+        t += rng.uniform(1, 900)
+    h.update(t, [])
+    nodes = tuple(Node(f"n{i}") for i in range(25))
+    assert len({h._scale(n.name) for n in nodes}) > 2        # nodes of differing time scales
+    h.observe(t, nodes[:20])
+    h.observe(t + 40.0, nodes)              # five younger nodes
+    t += 41.0
+    held, answers = 0, set()
+    for _ in range(300):
+        t += rng.choice([0.5, 3.0, 10.0, 60.0])
+        before = h._hold
+        got = h.stays(t, nodes, 600.0)
+        held += before is not None and h._hold is before
+        answers.add(id(got))
+        assert got == _reference_stays(h, t, nodes, 600.0)
+        hold = h._hold
+        if hold is not None and math.isfinite(hold.until_s) and rng.random() < 0.5:   # just before and at its end
+            for at in (np.nextafter(hold.until_s, -np.inf), hold.until_s):
+                assert h.stays(float(at), nodes, 600.0) == _reference_stays(h, float(at), nodes, 600.0)
+            t = max(t, float(hold.until_s))
+    assert held > 50 and len(answers) > 5

@@ -85,6 +85,8 @@ def _grid() -> tuple[float, ...]:
 
 GRID = _grid()
 _GRID_UP = np.array(GRID[1:])          # the upper edge of each grid interval
+# the grid point an age in interval i reaches next (none beyond the last interval _indices gives)
+_GRID_NEXT = np.array(GRID[1:-1] + (math.inf,))
 _LOG_RATIO = math.log(GRID_RATIO)
 
 
@@ -112,6 +114,18 @@ def _indices(ages: np.ndarray) -> np.ndarray:
     np.minimum(idx, len(GRID) - 2, out=idx)
     out[big] = idx
     return out
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """A stays answer and the time window over which it holds for one pool and model version."""
+
+    nodes: object
+    version: int
+    horizon_s: float
+    from_s: float
+    until_s: float
+    out: dict
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,7 @@ class IdleHistory:
         self._last: _Stays | None = None
         self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
         self._index: tuple[tuple[str, ...], dict[str, int]] | None = None
+        self._hold: _Hold | None = None
 
     # -- input ------------------------------------------------------------
     def update(self, now_s: float, pool: Iterable[str]) -> None:
@@ -275,7 +290,14 @@ class IdleHistory:
         """Predicted :class:`Stay` of each node (only nodes with a prediction or a known window).
 
         The answer may be the very dict an earlier call returned (when nothing changed): do not
-        modify it."""
+        modify it.  For the same pool object, no stretch opened or closed, no node with a
+        window and ``now_s`` before the first time at which the survival curve or some node's
+        age interval could change (:attr:`_hold`), it is returned at once."""
+        hold = self._hold
+        if (hold is not None and hold.nodes is nodes and hold.version == self.version
+                and hold.horizon_s == horizon_s and hold.from_s <= now_s < hold.until_s):
+            return hold.out
+        self._hold = None
         surv = self.survival(now_s)
         table = self._stay_table(surv, horizon_s)
         names = self._names_of(nodes)
@@ -300,7 +322,9 @@ class IdleHistory:
         lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
         ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
         f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
-        codes = _indices(ages / f) * (hi - lo + 1) + (scales - lo)
+        idx = _indices(ages / f)
+        codes = idx * (hi - lo + 1) + (scales - lo)
+        until = self._codes_until(idx, since, f, unknown) if not timed else -math.inf
         exact: list[tuple[int, float]] = []     # (node, its window) where the window ends within H
         if timed:
             exact = [(i, max(0.0, end - now_s)) for i, end in enumerate(windows)
@@ -308,7 +332,7 @@ class IdleHistory:
         last = self._last
         if (not exact and last is not None and last.table is table and last.names == names
                 and np.array_equal(last.codes, codes)):
-            return last.out
+            return self._held(nodes, now_s, until, horizon_s, last.out)
         present = np.zeros(len(GRID) * (hi - lo + 1), dtype=bool)    # codes are small: a dense remap
         present[codes] = True
         uniq = np.flatnonzero(present).tolist()
@@ -323,14 +347,36 @@ class IdleHistory:
             if (last is not None and last.names == names and np.array_equal(last.codes, codes)
                     and all(last.by_code.get(c) is st for c, st in by_code.items())):
                 self._last = _Stays(names, table, codes, last.out, by_code, last.by_value)
-                return last.out                 # a new table, the same stays
+                return self._held(nodes, now_s, until, horizon_s, last.out)     # a new table, the same stays
             grouped = StayMap(names, inverse.reshape(-1), per_code, source=nodes, index=self._index_of(names))
             self._last = _Stays(names, table, codes, grouped, by_code,
                                 {(st.fraction, st.leave_p): st for st in per_code})
-            return grouped
+            return self._held(nodes, now_s, until, horizon_s, grouped)
         out = dict(zip(names, map(per_code.__getitem__, inverse.tolist())))
         for i, window in exact:
             out[names[i]] = table.stay(float(ages[i]), window, int(scales[i]))
+        return out
+
+    def _codes_until(self, idx: np.ndarray, since: np.ndarray, f: np.ndarray,
+                     unknown: np.ndarray | None) -> float:
+        """The first time at which some node's age, in its own time, reaches the next grid point
+        (its code changes; a little early, so float rounding never makes it late), or the
+        survival curve's counts of open stretches could change.  (The grid is geometric and a
+        time scale a power of its ratio, so the two mostly coincide; the node crossings are
+        checked anyway, so that the hold does not rest on float rounding or on ages below 1 s.)"""
+        c = self._censored
+        if c is None or not len(idx):
+            return c.until_s if c is not None else -math.inf
+        edge = _GRID_NEXT[idx] * f
+        cross = since + edge * (1.0 - 1e-9) - 1e-9 * np.abs(since)
+        if unknown is not None:
+            cross[unknown] = math.inf          # no open stretch: its age stays 0
+        return min(float(cross.min()), c.until_s)
+
+    def _held(self, nodes: Sequence[Node], now_s: float, until_s: float, horizon_s: float,
+              out: dict[str, Stay]) -> dict[str, Stay]:
+        """Keep ``out`` as the answer for ``[now_s, until_s)`` while the version and pool hold."""
+        self._hold = _Hold(nodes, self.version, horizon_s, now_s, until_s, out) if until_s > now_s else None
         return out
 
     def _since_of(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
