@@ -207,3 +207,25 @@ def test_a_held_answer_equals_a_fresh_one_at_every_time_up_to_the_next_change(se
                 assert h.stays(float(at), nodes, 600.0) == _reference_stays(h, float(at), nodes, 600.0)
             t = max(t, float(hold.until_s))
     assert held > 50 and len(answers) > 5
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_stays_computed_together_are_bitwise_those_computed_one_by_one(seed):
+    """_StayTable.memoised_many (numpy, every new survival table) against memoised (Python floats):
+    every (age interval, time scale) of the grid, on random survival curves (some reaching 0)."""
+    rng = random.Random(seed)
+    k = len(GRID)
+    s, surv = 1.0, [1.0]
+    for _ in range(k - 1):
+        s *= 1.0 - (rng.random() * 0.2 if rng.random() < 0.7 else 0.0)
+        surv.append(0.0 if seed % 3 == 0 and len(surv) > k * 0.8 else s)
+    horizon = rng.choice([60.0, 600.0, 3600.0, 1e6])
+    pairs = [(i, sc) for i in range(k - 1) for sc in range(-6, 7)]
+    rng.shuffle(pairs)
+    together = _StayTable(surv, horizon).memoised_many(pairs)
+    one = _StayTable(surv, horizon)
+    for p, st in zip(pairs, together):
+        want = one.memoised(*p)
+        got = (st.fraction, st.leave_p)
+        assert got == (want.fraction, want.leave_p), p
+        assert [math.copysign(1.0, x) for x in got] == [math.copysign(1.0, x) for x in (want.fraction, want.leave_p)]

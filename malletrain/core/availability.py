@@ -88,6 +88,7 @@ _GRID_UP = np.array(GRID[1:])          # the upper edge of each grid interval
 # the grid point an age in interval i reaches next (none beyond the last interval _indices gives)
 _GRID_NEXT = np.array(GRID[1:-1] + (math.inf,))
 _LOG_RATIO = math.log(GRID_RATIO)
+_GRID_ARR = np.array(GRID)
 
 
 def _index(age_s: float) -> int:
@@ -337,7 +338,7 @@ class IdleHistory:
         present[codes] = True
         uniq = np.flatnonzero(present).tolist()
         inverse = (np.cumsum(present) - 1)[codes]
-        per_code = [table.memoised(c // (hi - lo + 1), c % (hi - lo + 1) + lo) for c in uniq]
+        per_code = table.memoised_many([(c // (hi - lo + 1), c % (hi - lo + 1) + lo) for c in uniq])
         if last is not None:
             # a stay of the same value as before is the same object: comparing this answer with
             # the last one (the cycle's memo) then stops at identity for the nodes that kept theirs
@@ -454,6 +455,8 @@ class _StayTable:
         self.surv = surv
         self.h = horizon_s
         self.memo: dict[tuple[int, int], Stay] = {}
+        self._surv_arr: np.ndarray | None = None      # surv and cum as arrays (memoised_many)
+        self._cum_arr: np.ndarray | None = None
         cum = [0.0]
         if surv is not None:
             for i in range(len(GRID) - 1):
@@ -504,6 +507,48 @@ class _StayTable:
         s_h = s_upto if upto == h else self.s((age + h) / f)
         leave = max(leave_window, min(1.0, max(0.0, 1.0 - s_h / sa)))
         return Stay(min(1.0, max(0.0, usable / h)), leave)
+
+    def memoised_many(self, pairs: Sequence[tuple[int, int]]) -> list[Stay]:
+        """:meth:`memoised` of each ``(i, scale)``, those not memoised yet computed together in
+        numpy: the same IEEE operations as :meth:`_conditional` (no window) in the same order,
+        element by element (the grid index by :func:`_indices`, equal to :func:`_index`; the time
+        scales' powers taken by Python), so every Stay is bitwise the one :meth:`memoised` gives."""
+        memo = self.memo
+        todo = [p for p in dict.fromkeys(pairs) if p not in memo]
+        if len(todo) < 4 or self.surv is None:
+            return [self.memoised(i, sc) for i, sc in pairs]
+        ratio = {sc: GRID_RATIO ** sc for sc in {sc for _, sc in todo}}
+        f = np.array([ratio[sc] for _, sc in todo])
+        age = _GRID_ARR[np.array([i for i, _ in todo])] * f
+        sa, ia = self._s_and_integral_many(age / f)
+        s_upto, i_upto = self._s_and_integral_many((age + self.h) / f)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            usable = f * (i_upto - ia) / sa
+            fraction = np.minimum(1.0, np.maximum(0.0, usable / self.h))
+            leave = np.maximum(0.0, np.minimum(1.0, np.maximum(0.0, 1.0 - s_upto / sa)))
+        gone = (sa <= 0.0).tolist()
+        for p, fr, lv, g in zip(todo, fraction.tolist(), leave.tolist(), gone):
+            # older than anything that ended: nothing says it will end (upto / h with upto = h)
+            memo[p] = Stay(self.h / self.h, 0.0) if g else Stay(fr, max(0.0, lv))
+        return [memo[p] for p in pairs]
+
+    def _s_and_integral_many(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_s_and_integral` of every element of ``t`` (the same operations)."""
+        surv = self._surv_arr
+        if surv is None:
+            surv = self._surv_arr = np.array(self.surv)
+            self._cum_arr = np.array(self.cum)
+        cum = self._cum_arr
+        last = t >= GRID[-1]
+        i = _indices(np.where(last, 0.0, t))
+        g0 = _GRID_ARR[i]
+        w = (t - g0) / (_GRID_ARR[i + 1] - g0)
+        st = surv[i] * (1 - w) + surv[i + 1] * w
+        it = cum[i] + (surv[i] + st) / 2.0 * (t - g0)
+        if last.any():
+            st[last] = surv[-1]
+            it[last] = cum[-1] + surv[-1] * (t[last] - GRID[-1])
+        return st, it
 
     def memoised(self, i: int, scale: int) -> Stay:
         """The stay shared by ages in grid interval ``i`` (in the node's time) at ``scale``."""
