@@ -5,7 +5,10 @@ forecasts (learned pauses, node availability, variability: the ``malletrain`` po
 defaults) and without them (``--no-availability --no-variability --no-learn-rescale``) —
 and times ``malletrain bench allocator`` at Summit scale both ways.  It prints wall time,
 decisions and decision p50/p95 per mode and the on/off ratios; only ratios taken in one run
-compare on a shared machine.  ``--guard`` exits 1 when a target of issue #23 is missed:
+compare on a shared machine.  ``--digest`` adds a digest of every plan and of the jobs' progress
+to each replay line: the same digests before and after a change mean the same decisions (the
+hashing slows the replays; take timings without it).  ``--guard`` exits 1 when a target of
+issue #23 is missed:
 
 * replay wall time with forecasts <= 1.5x without, on every trace;
 * the 15-day 4,734-node synthetic replay <= 30 s with forecasts;
@@ -19,6 +22,7 @@ traces get 1,000 jobs (``bench replay``'s workload); every replay admits at most
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -57,18 +61,40 @@ def _trace_and_workload(name: str, data: str, jobs: int):
         return trace, load_workload(path), label
 
 
-def _replay(trace, workload, on: bool, max_jobs: int | None) -> dict:
-    from malletrain.replay.engine import ReplayOptions, run_replay
+def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = False) -> dict:
+    from malletrain.replay import engine
     core = CoreConfig(policy="malletrain", **({} if on else OFF))
-    s = run_replay(trace, workload, ReplayOptions(core=core, max_jobs=max_jobs, noise=0.05, seed=0)).summary
+    opts = engine.ReplayOptions(core=core, max_jobs=max_jobs, noise=0.05, seed=0)
+    plans = hashlib.sha256()
+    run_cycle = engine.run_cycle
+
+    def hashed(*args, **kwargs):
+        res = run_cycle(*args, **kwargs)
+        plans.update(repr((sorted(res.plan.allocations.items()), [(a.job_id, a.kind.value, a.to_nodes, a.code.value,
+                                                                   a.reason) for a in res.actions])).encode())
+        return res
+    if digest:
+        engine.run_cycle = hashed       # type: ignore[assignment]
+    try:
+        r = engine.run_replay(trace, workload, opts)
+    finally:
+        engine.run_cycle = run_cycle    # type: ignore[assignment]
+    s = r.summary
+    if digest:      # the progress series too: what the jobs did, not only what was decided
+        plans.update(repr((r.timeline, sorted(r.progress.items()))).encode())
     return {"wall_s": s.wall_s, "decisions": s.decisions, "reused": s.decisions_reused,
             "p50_ms": s.decision_ms_p50, "p95_ms": s.decision_ms_p95, "useful": s.useful_samples,
-            "lost_pause": s.lost_samples + s.rescale_pause_samples}
+            "lost_pause": s.lost_samples + s.rescale_pause_samples,
+            "plans": plans.hexdigest()[:16] if digest else None}
 
 
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
-                    max_jobs: int | None = 10, alloc_repeat: int = 30, out: TextIO | None = None) -> Report:
-    """``out``: where each line goes as soon as it is measured (None: nowhere)."""
+                    max_jobs: int | None = 10, alloc_repeat: int = 30, out: TextIO | None = None,
+                    digest: bool = False) -> Report:
+    """``out``: where each line goes as soon as it is measured (None: nowhere).  ``digest``: each
+    replay line also names a digest of every plan (allocations, actions and reasons) and of the
+    jobs' progress, to compare two commits; the hashing slows the replays, so timings taken
+    with it are not the figures."""
     from devtools.datasets import default_data_dir
     from malletrain.bench.allocator import bench_allocator
     data = data or default_data_dir()
@@ -82,15 +108,16 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
         t0 = time.perf_counter()
         trace, workload, label = _trace_and_workload(name, data, jobs)
         load_s = time.perf_counter() - t0
-        off = _replay(trace, workload, False, max_jobs)
-        on = _replay(trace, workload, True, max_jobs)
+        off = _replay(trace, workload, False, max_jobs, digest)
+        on = _replay(trace, workload, True, max_jobs, digest)
         row = {"trace": name, "label": label, "events": trace.n_events, "load_s": load_s, "on": on, "off": off,
                "wall_ratio": on["wall_s"] / off["wall_s"]}
         rows.append(row)
         for mode, r in (("off", off), ("on ", on)):
             say(f"replay {label}: forecasts {mode} {r['wall_s']:7.1f} s wall, {r['decisions']:6d} decisions "
                 f"+ {r['reused']:6d} unchanged, p50 {r['p50_ms']:6.2f} ms, p95 {r['p95_ms']:6.2f} ms, useful "
-                f"{r['useful']:.4g}, lost+pause {r['lost_pause']:.4g}")
+                f"{r['useful']:.4g}, lost+pause {r['lost_pause']:.4g}"
+                + (f", plans {r['plans']}" if digest else ""))
         say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
             f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
             f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")

@@ -186,3 +186,17 @@ def test_scale_bench_reads_sdiag_and_renders_its_table():
                                             cycles=20, users=3, rows=[row])))
     assert " 20,000 |    531 ms |    571 ms |     3 |    1.54 |" in text
     assert "182.4x" in text and "GET /slurm/v0.0.42/jobs" in text
+
+
+def test_bench_forecasts_digest_names_the_decisions(data_dir):
+    """``bench forecasts --digest``: a digest of every plan per replay, the same for the same replay
+    (two commits can be compared) and different where the decisions differ (forecasts on vs off)."""
+    from devtools.bench_forecasts import _replay, _trace_and_workload, bench_forecasts
+    report = bench_forecasts(data_dir, ("philly",), alloc_repeat=2, digest=True)
+    off, on = report.data["replays"][0]["off"], report.data["replays"][0]["on"]
+    assert len(off["plans"]) == 16 and off["plans"] != on["plans"]
+    assert any(f"plans {on['plans']}" in line for line in report.lines)
+    trace, workload, _ = _trace_and_workload("philly", data_dir, 10)
+    assert _replay(trace, workload, False, 10, digest=True)["plans"] == off["plans"]
+    assert _replay(trace, workload, False, 3, digest=True)["plans"] != off["plans"]
+    assert _replay(trace, workload, False, 10)["plans"] is None

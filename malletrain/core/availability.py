@@ -47,10 +47,14 @@ Costs (the model is consulted every cycle, so it keeps what did not change):
 * the stays of all nodes are computed in numpy (age, time scale, grid interval;
   the few ages that fall within 1e-9 of a grid point are redone exactly as
   :func:`_index` would) and mapped onto one memoised :class:`Stay` per
-  (interval, scale); when neither the table nor any node's interval changed the
-  previous mapping object itself is returned, so comparing two outlooks is
-  O(1).  Nodes whose known window ends within the horizon are computed one by
-  one (their stay depends on the exact age).
+  (interval, scale), those of a new table computed together in numpy with the
+  same operations as one by one; when neither the table nor any node's interval
+  changed the previous mapping object itself is returned, so comparing two
+  outlooks is O(1).  For the same pool object with nothing opened or closed,
+  that answer is returned without any of this until the first time a node's
+  interval or the table can change (each answer knows when).  Nodes whose known
+  window ends within the horizon are computed one by one (their stay depends on
+  the exact age).
 The returned mappings are shared between calls: read them, never change them.
 Pure: no clock, no I/O; times come in.
 """
