@@ -93,6 +93,7 @@ _GRID_UP = np.array(GRID[1:])          # the upper edge of each grid interval
 _GRID_NEXT = np.array(GRID[1:-1] + (math.inf,))
 _LOG_RATIO = math.log(GRID_RATIO)
 _GRID_ARR = np.array(GRID)
+_BATCH = 48                 # stays to compute before numpy beats one by one (~90 µs of fixed cost)
 
 
 def _index(age_s: float) -> int:
@@ -519,7 +520,7 @@ class _StayTable:
         scales' powers taken by Python), so every Stay is bitwise the one :meth:`memoised` gives."""
         memo = self.memo
         todo = [p for p in dict.fromkeys(pairs) if p not in memo]
-        if len(todo) < 4 or self.surv is None:
+        if len(todo) < _BATCH or self.surv is None:
             return [self.memoised(i, sc) for i, sc in pairs]
         ratio = {sc: GRID_RATIO ** sc for sc in {sc for _, sc in todo}}
         f = np.array([ratio[sc] for _, sc in todo])
