@@ -166,7 +166,8 @@ def test_free_order_from_pool_counts_equals_counting_every_free_node(seed):
     grouped = StayMap(names, codes, kinds, source=nodes)
     assert grouped.covers(nodes) and not grouped.covers(list(nodes)) and not StayMap(names, codes, kinds).covers(nodes)
     held = set(rng.sample(names, rng.randint(0, len(names) // 2)))
-    pinned = set(rng.sample(sorted(set(names) - held), min(3, len(names) - len(held)))) | {"gone"}  # a node not in the pool
+    # nodes of pinned jobs, one of them no longer in the pool
+    pinned = set(rng.sample(sorted(set(names) - held), min(3, len(names) - len(held)))) | {"gone"}
     free = set(names) - held - pinned
     for limit in (0, 1, 3, 10, len(names), len(names) + 5):
         want = FreeOrder.of(dict(grouped), free, held, limit)
@@ -184,7 +185,7 @@ def test_a_held_answer_equals_a_fresh_one_at_every_time_up_to_the_next_change(se
     rng = random.Random(seed)
     h = IdleHistory(min_stretches=5, half_life=30)
     t = 1.6e9 if seed % 2 else 0.0
-    for i in range(200):                    # closed stretches, short on some nodes, long on others
+    for _ in range(200):                    # closed stretches, short on some nodes, long on others
         h.update(t, [f"n{j}" for j in range(25) if rng.random() < 0.3 + 0.025 * j])
         t += rng.uniform(1, 900)
     h.update(t, [])

@@ -539,11 +539,9 @@ class _StayTable:
 
     def _s_and_integral_many(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_s_and_integral` of every element of ``t`` (the same operations)."""
-        surv = self._surv_arr
-        if surv is None:
-            surv = self._surv_arr = np.array(self.surv)
-            self._cum_arr = np.array(self.cum)
-        cum = self._cum_arr
+        if self._surv_arr is None or self._cum_arr is None:
+            self._surv_arr, self._cum_arr = np.array(self.surv), np.array(self.cum)
+        surv, cum = self._surv_arr, self._cum_arr
         last = t >= GRID[-1]
         i = _indices(np.where(last, 0.0, t))
         g0 = _GRID_ARR[i]
