@@ -1,4 +1,4 @@
-"""NAS/HPO campaigns: many malleable trials from one spec.
+"""The campaign spec: reading and checking it, and the classic search's trial parameters.
 
 A spec (YAML)::
 
@@ -26,7 +26,6 @@ missing and never duplicates a trial.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import random
@@ -36,8 +35,7 @@ from typing import TypeGuard
 from malletrain.domain.config import read_yaml, reject_unknown
 from malletrain.domain.errors import InputError
 from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S, MAX_JOB_NODES, MAX_PAUSE_S
-from malletrain.domain.safefile import write_atomic
-from malletrain.domain.text import clipped, shown
+from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import is_slurm_time
 
 TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
@@ -222,173 +220,3 @@ def _draw(rng: random.Random, dom):
     if dist == "log_uniform":
         return float(f"{math.exp(rng.uniform(math.log(lo), math.log(hi))):.6g}")
     return rng.randint(int(lo), int(hi))
-
-
-# ---- campaign state (<dir>/campaign.json) ---------------------------------------------
-def state_path(spec: Spec) -> str:
-    return os.path.join(spec.dir, "campaign.json")
-
-
-def load_state(spec: Spec) -> dict:
-    try:
-        with open(state_path(spec), encoding="utf-8") as fh:
-            st = json.load(fh)
-    except FileNotFoundError:
-        return {"name": spec.name, "trials": []}
-    except (OSError, ValueError, RecursionError) as exc:   # also not UTF-8, not JSON, nested too deeply
-        raise InputError(f"cannot read campaign state: {str(exc)[:200]}", path=state_path(spec)) from None
-    trials = st.get("trials") if isinstance(st, dict) else None
-    if not isinstance(trials, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("id"), str) and isinstance(t.get("params"), dict)
-            and isinstance(t.get("token"), str) and (t.get("job") is None or isinstance(t.get("job"), (str, int)))
-            for t in trials):
-        raise InputError("not a campaign state file (expected {\"trials\": [{\"id\", \"params\", \"token\", "
-                         "\"job\"}, ...]}); move it away to start afresh", path=state_path(spec))
-    return st
-
-
-def save_state(spec: Spec, st: dict) -> None:
-    """Replace ``campaign.json`` atomically: a new private file of random name (``O_EXCL``,
-    never through a symlink a teammate planted), renamed over it."""
-    os.makedirs(spec.dir, exist_ok=True)
-    write_atomic(state_path(spec), json.dumps(st, indent=1).encode(), 0o600)
-
-
-def plan_trials(spec: Spec, st: dict, token_of) -> list[dict]:
-    """Trial records, reusing the recorded ones; ``token_of(i)`` makes new tokens."""
-    params = sample(spec)
-    have = {t["id"]: t for t in st.get("trials", [])}
-    out = []
-    for i, p in enumerate(params):
-        tid = f"t{i:03d}"
-        old = have.get(tid)
-        if old is not None and old["params"] != p:
-            raise InputError(f"trial {tid} was submitted with {old['params']} but the spec now "
-                             f"gives {p}; use a new dir for a changed campaign", path=spec.path)
-        out.append(old or {"id": tid, "params": p, "token": token_of(i), "job": None})
-    return out
-
-
-def trial_command(spec: Spec, trial: dict) -> list[str]:
-    d = os.path.join(spec.dir, trial["id"])
-    return [*spec.command, "--params", os.path.join(d, "params.json"), "--ckpt", os.path.join(d, "ckpt")]
-
-
-def submit_campaign(spec: Spec, submit_one, token_of, *, queued: set[str] | None = None,
-                    find_token=None, say=lambda msg: None) -> list[dict]:
-    """Submit every trial that has no job, or whose job is gone without a final result.
-
-    ``submit_one(name, command, token) -> job id``.  ``queued`` holds the ids of
-    the jobs Slurm still has (None: unknown, nothing is resubmitted).  A trial's
-    token is on disk before its sbatch; a trial marked ``submitting`` (a run that
-    died between sbatch and saving the id) is first looked up by its token with
-    ``find_token(token) -> job id | None``, so running this again never submits a
-    trial twice.  A trial whose job left the queue without a final result gets a
-    new token and is submitted again (``resubmits`` counts it).
-    """
-    st = load_state(spec)
-    trials = plan_trials(spec, st, token_of)
-    st.update(name=spec.name, kind=spec.kind, trials=trials)
-    save_state(spec, st)      # tokens are on disk before any sbatch: a retry finds the job
-    for i, t in enumerate(trials):
-        if t["job"] and queued is not None and str(t["job"]) not in queued and not _final(spec, t):
-            say(f"{spec.name}-{t['id']}: job {t['job']} left the queue without a final result; resubmitting")
-            t.update(job=None, token=token_of(i), resubmits=t.get("resubmits", 0) + 1, submitting=False)
-            save_state(spec, st)
-        if t["job"]:
-            continue
-        if t.get("submitting") and find_token is not None:
-            found = find_token(t["token"])
-            if found:
-                t.update(job=found, submitting=False)
-                save_state(spec, st)
-                continue
-        d = os.path.join(spec.dir, t["id"])
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        write_atomic(os.path.join(d, "params.json"), json.dumps(t["params"]).encode(), 0o600)
-        t["submitting"] = True
-        save_state(spec, st)
-        t["job"] = submit_one(f"{spec.name}-{t['id']}", trial_command(spec, t), t["token"])
-        t["submitting"] = False
-        save_state(spec, st)
-    return trials
-
-
-def _final(spec: Spec, trial: dict) -> bool:
-    res = read_result(spec, trial)
-    return bool(res and res.get("final"))
-
-
-# ---- status ---------------------------------------------------------------------------
-def last_record(path: str, max_bytes: int = 65536) -> dict | None:
-    """The last well-formed JSON line of a progress file (None when there is none)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            tail = fh.read()
-    except OSError:
-        return None
-    for raw in reversed(tail.splitlines()):
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            return rec
-    return None
-
-
-def read_result(spec: Spec, trial: dict) -> dict | None:
-    path = os.path.join(spec.dir, trial["id"], "ckpt", "result.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            res = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return res if isinstance(res, dict) else None
-
-
-def status_rows(spec: Spec, trials: list[dict], slurm_states: dict[str, tuple[str, int]],
-                metrics_dir: str) -> list[dict]:
-    rows = []
-    for t in trials:
-        job = t.get("job")
-        rec = last_record(os.path.join(metrics_dir, f"{job}.jsonl")) if job else None
-        res = read_result(spec, t)
-        state, nodes = slurm_states.get(str(job), (None, 0))
-        if state is None:
-            state = "not submitted" if not job else ("done" if res and res.get("final") else "gone")
-        value = res.get(spec.metric) if res else None
-        rows.append({"id": t["id"], "job": job, "state": state, "nodes": nodes,
-                     "step": rec.get("step") if rec else None,
-                     "samples": rec.get("samples") if rec else None,
-                     "restarts": rec.get("restart") if rec else None,
-                     "metric": value if isinstance(value, (int, float)) else None,
-                     "final": bool(res and res.get("final")), "params": t["params"]})
-    scored = [r for r in rows if r["metric"] is not None]
-    best = (max if spec.goal == "max" else min)(scored, key=lambda r: r["metric"]) if scored else None
-    for r in rows:
-        r["best"] = r is best
-    return rows
-
-
-def format_status(spec: Spec, rows: list[dict]) -> list[str]:
-    total = spec.fixed.get("steps")
-    lines = [f"campaign {spec.name} ({spec.kind}, {spec.search} search, {len(rows)} trials) in {spec.dir}",
-             f"{'TRIAL':<5} {'JOB':>6} {'STATE':<13} {'NODES':>5} {'STEP':>10} {'RESTARTS':>8} "
-             f"{spec.metric.upper():>9}  PARAMS"]
-    for r in rows:
-        step = "-" if r["step"] is None else (f"{r['step']}/{total}" if total else str(r["step"]))
-        metric = "-" if r["metric"] is None else f"{r['metric']:.4g}" + ("" if r["final"] else "~")
-        params = " ".join(f"{k}={v}" for k, v in r["params"].items() if k not in spec.fixed)
-        lines.append(f"{r['id']:<5} {r['job'] or '-':>6} {r['state']:<13} {r['nodes'] or '-':>5} "
-                     f"{step:>10} {r['restarts'] if r['restarts'] is not None else '-':>8} "
-                     f"{metric:>9}{' *' if r['best'] else '  '} {params}")
-    best = next((r for r in rows if r["best"]), None)
-    done = sum(r["state"] == "done" for r in rows)
-    lines.append(f"{done}/{len(rows)} done; best so far: " +
-                 (f"{best['id']} {spec.metric}={best['metric']:.4g} ({'final' if best['final'] else 'interim'})"
-                  if best else "none yet") + "   (~ interim value, * best)")
-    return [shown(line) for line in lines]
