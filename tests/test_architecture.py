@@ -173,3 +173,9 @@ print("pulp" in sys.modules)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_only_the_study_adapter_imports_optuna():
+    """One module speaks to Optuna (one major version behind one adapter); the daemon never does."""
+    users = sorted(name for name, path in ALL if any(i.split(".")[0] == "optuna" for i in imports(path)))
+    assert users == ["malletrain.campaign.study"]
