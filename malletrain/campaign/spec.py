@@ -1,4 +1,4 @@
-"""The campaign spec: reading and checking it, and the classic search's trial parameters.
+"""NAS/HPO campaigns: many malleable trials from one spec.
 
 A spec (YAML)::
 
@@ -22,6 +22,9 @@ Relative paths in ``command`` and ``dir`` are relative to the spec file.
 ``submit`` is idempotent: ``<dir>/campaign.json`` records every trial's token
 and job id as soon as it has one, so running it again submits only what is
 missing and never duplicates a trial.
+
+(This module, which ``malletrain campaign --help`` quotes, reads and checks the spec and draws the
+classic search's trial parameters.)
 """
 from __future__ import annotations
 

@@ -325,7 +325,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")
     s.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
 
-    from malletrain.campaign import __doc__ as campaign_doc
+    from malletrain.campaign.spec import __doc__ as campaign_doc
     cp = sub.add_parser("campaign", help="NAS/HPO campaigns of malleable trials",
                         description=campaign_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     cpsub = cp.add_subparsers(dest="campaign_command", required=True, metavar="ACTION")
