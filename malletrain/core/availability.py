@@ -300,7 +300,7 @@ class IdleHistory:
         window and ``now_s`` before the first time at which the survival curve or some node's
         age interval could change (:attr:`_hold`), it is returned at once."""
         hold = self._hold
-        if (hold is not None and hold.nodes is nodes and hold.version == self.version
+        if (hold is not None and hold.nodes is nodes and type(nodes) is tuple and hold.version == self.version
                 and hold.horizon_s == horizon_s and hold.from_s <= now_s < hold.until_s):
             return hold.out
         self._hold = None

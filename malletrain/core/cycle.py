@@ -83,7 +83,7 @@ _PLAIN: list = [None, True]     # (the last pool tuple looked at, whether all it
 def _plain(nodes: tuple) -> bool:
     """No node is slow or in a topology group (kept for the same pool tuple: a backend hands the
     same one while its pool is unchanged; held here, so its identity is not reused)."""
-    if _PLAIN[0] is not nodes:
+    if _PLAIN[0] is not nodes or type(nodes) is not tuple:    # a list could change under the same identity
         _PLAIN[:] = [nodes, not any(n.variability != 1.0 or n.group for n in nodes)]
     return _PLAIN[1]
 

@@ -76,7 +76,7 @@ def _pool_of(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
     """The pool by name and its node count per type, kept for the same ``nodes`` object (a
     backend hands the same tuple while its pool is unchanged; a cycle without a change of the
     pool then pays no pass over it).  Both are read, never changed: callers copy the counter."""
-    if _POOL[0] is not nodes:
+    if _POOL[0] is not nodes or type(nodes) is not tuple:     # a list could change under the same identity
         _POOL[:] = [nodes, {n.name: n for n in nodes}, _capacity(nodes)]
     return _POOL[1], _POOL[2]
 
