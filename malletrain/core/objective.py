@@ -124,29 +124,13 @@ class FreeOrder:
         counting every free node."""
         if limit is None or not isinstance(stays, StayMap):
             return cls(map(stays.get, free, repeat(STAYING)), map(stays.get, held, repeat(STAYING)), limit)
+        held = held if isinstance(held, AbstractSet) else set(held)
+        groups = stays.groups()
         order = cls.__new__(cls)
-        # nodes without a stay count as STAYING, the longest there is: they come first
-        best = [_VALUE(STAYING)] * min(limit, len(free - stays.keys()))
-        for stay, nodes in stays.groups():
-            if len(best) >= limit:
-                break
-            have = len(nodes & free)
-            if have:
-                best.extend(repeat(_VALUE(stay), min(have, limit - len(best))))
-        if len(best) < limit:       # then the held nodes, shortest stay first (those without one last)
-            held = held if isinstance(held, AbstractSet) else set(held)
-            rest = limit - len(best)
-            shortest: list[tuple[float, float]] = []
-            for stay, nodes in reversed(stays.groups()):
-                if len(shortest) >= rest:
-                    break
-                have = len(nodes & held)
-                if have:
-                    shortest.extend(repeat(_VALUE(stay), min(have, rest - len(shortest))))
-            if len(shortest) < rest:
-                shortest.extend(repeat(_VALUE(STAYING), min(len(held - stays.keys()), rest - len(shortest))))
-            best += shortest
-        order.sums = _prefix(best)
+        order.sums = _prefix(_fill(
+            ((_VALUE(st), len(nodes & free)) for st, nodes in groups),
+            lambda: ((_VALUE(st), len(nodes & held)) for st, nodes in reversed(groups)),
+            limit, len(free - stays.keys()), lambda: len(held - stays.keys())))
         return order
 
     @classmethod
@@ -155,27 +139,14 @@ class FreeOrder:
         pool less ``busy`` (every node a job holds: ``held``, the nodes of jobs that may shrink,
         and those of pinned jobs), counted per code as all the map's counts less ``busy``'s.
         The same values in the same order as :meth:`of` with ``free = pool − busy``."""
-        order = cls.__new__(cls)
-        values = stays.by_code
-        ranked = stays.ranked()
+        values, ranked = stays.by_code, stays.ranked()
         free = [t - b for t, b in zip(stays.count(), stays.count(busy))]
-        best: list[tuple[float, float]] = []
-        for code in ranked:
-            if len(best) >= limit:
-                break
-            if free[code]:
-                best.extend(repeat(_VALUE(values[code]), min(free[code], limit - len(best))))
-        if len(best) < limit:       # then the held nodes, shortest stay first
-            rest = limit - len(best)
+
+        def held_shortest():
             counts = stays.count(held)
-            shortest: list[tuple[float, float]] = []
-            for code in reversed(ranked):
-                if len(shortest) >= rest:
-                    break
-                if counts[code]:
-                    shortest.extend(repeat(_VALUE(values[code]), min(counts[code], rest - len(shortest))))
-            best += shortest
-        order.sums = _prefix(best)
+            return ((_VALUE(values[c]), counts[c]) for c in reversed(ranked))
+        order = cls.__new__(cls)
+        order.sums = _prefix(_fill(((_VALUE(values[c]), free[c]) for c in ranked), held_shortest, limit))
         return order
 
     def take(self, k: int) -> tuple[float, float]:
@@ -187,6 +158,33 @@ class FreeOrder:
 
 _VALUE = attrgetter("fraction", "leave_p")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
+def _fill(free: Iterable[tuple[tuple[float, float], int]],
+          held: Callable[[], Iterable[tuple[tuple[float, float], int]]], limit: int,
+          free_staying: int = 0, held_staying: Callable[[], int] = lambda: 0) -> list[tuple[float, float]]:
+    """The best ``limit`` (fraction, leave_p) a growing job could get: ``free_staying`` free nodes
+    without a stay (they stay: first), then ``free``'s (value, count) pairs, longest stay first;
+    where they run out, the held nodes a shrinking job gives up, ``held()``'s pairs shortest first,
+    then ``held_staying()`` held nodes without a stay.  The held side is read only when needed."""
+    best = [_VALUE(STAYING)] * min(limit, free_staying)
+    for value, have in free:
+        if len(best) >= limit:
+            break
+        if have:
+            best.extend(repeat(value, min(have, limit - len(best))))
+    if len(best) < limit:
+        rest = limit - len(best)
+        shortest: list[tuple[float, float]] = []
+        for value, have in held():
+            if len(shortest) >= rest:
+                break
+            if have:
+                shortest.extend(repeat(value, min(have, rest - len(shortest))))
+        if len(shortest) < rest:
+            shortest.extend(repeat(_VALUE(STAYING), min(held_staying(), rest - len(shortest))))
+        best += shortest
+    return best
 
 
 def _counts(stays: Iterable[Stay]) -> Counter[tuple[float, float]]:

@@ -17,13 +17,11 @@ domain model and numpy only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
+from itertools import accumulate
 
 import numpy as np
 
 from malletrain.domain.model import Stay
-
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class StayMap(dict[str, Stay]):
@@ -83,14 +81,9 @@ class StayMap(dict[str, Stay]):
         them — each with the nodes that have it."""
         if self._groups is None:
             order = np.argsort(self._codes, kind="stable")
-            counts = np.bincount(self._codes, minlength=len(self._values)).tolist()
+            counts = self.count()
             names = list(map(self._names.__getitem__, order.tolist()))
-            groups, at = [], 0
-            for code, count in enumerate(counts):
-                if count:
-                    groups.append((self._values[code], frozenset(names[at:at + count])))
-                    at += count
-            groups.sort(key=lambda g: g[0].leave_p)
-            groups.sort(key=lambda g: g[0].fraction, reverse=True)
-            self._groups = tuple(groups)
+            starts = [0, *accumulate(counts)]          # code c's names are names[starts[c]:starts[c + 1]]
+            self._groups = tuple((self._values[c], frozenset(names[starts[c]:starts[c + 1]]))
+                                 for c in self.ranked() if counts[c])
         return self._groups
