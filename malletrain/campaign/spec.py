@@ -6,11 +6,18 @@ A spec (YAML)::
     kind: hpo                      # hpo | nas (a label: both sample `space`)
     command: [python, digits_train.py]   # each trial runs COMMAND --params P --ckpt D
     dir: runs/digits-hpo           # campaign state and one folder per trial
-    search: random                 # random (seeded, `trials` samples) | grid (every combination)
-    trials: 6
+    sampler: tpe                   # an Optuna study: random | grid | tpe | cmaes | nsga2 (below)
+    trials: 6                      # the study's trial count (failed and pruned trials count)
+    max_concurrent: 3              # trial jobs queued or running at once
+    retries: 2                     # a trial job that fails is started again this often, then failed
     seed: 0
-    metric: val_acc                # read from <trial>/ckpt/result.json
-    goal: max                      # max | min
+    metric: val_acc                # read from <trial>/ckpt/result.json; nsga2: a list, e.g.
+    goal: max                      #   metric: [val_acc, params] and goal: [max, min]
+    pruner: asha                   # none | asha | hyperband | median, or a mapping:
+                                   #   {kind: asha, min_resource: 60, max_resource: 300,
+                                   #    reduction_factor: 3}
+    step_unit: steps               # what a reported step counts: steps (global: the same batch
+                                   #   at any node count), samples or epochs
     space:                         # a list: choose one; {uniform|log_uniform|int_uniform: [lo, hi]}
       lr: {log_uniform: [0.01, 0.3]}
       momentum: [0.0, 0.9]
@@ -19,8 +26,22 @@ A spec (YAML)::
           rescale_down_s: 20, time: null, launch: srun}
 
 Relative paths in ``command`` and ``dir`` are relative to the spec file.
-``submit`` is idempotent: ``<dir>/campaign.json`` records every trial's token
-and job id as soon as it has one, so running it again submits only what is
+
+**With ``sampler``** the campaign is an Optuna study (the ``hpo`` extra) in
+``<dir>/study.journal`` (``optuna-dashboard <dir>/study.journal`` shows it).
+``submit`` queues ``max_concurrent`` trial jobs; each asks the study for its
+parameters when it starts (later trials learn from earlier ones), reports its
+validation metric through the runtime (``Runtime.report``), stops at once when
+the pruner says so, and when it ends queues the next trial job: no process of
+yours stays on the login node.  ``status`` shows each trial's rung, pruned,
+failed or done and the best so far (and does what an ended job could not).
+
+**With ``search``** (random: seeded, ``trials`` samples | grid: every
+combination; no Optuna) every trial's parameters are drawn at submit time and
+all trials are queued at once.
+
+``submit`` is idempotent: ``<dir>/campaign.json`` records every trial job's
+token and id as soon as it has one, so running it again submits only what is
 missing and never duplicates a trial.
 
 (This module, which ``malletrain campaign --help`` quotes, reads and checks the spec and draws the
@@ -41,8 +62,15 @@ from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S, MA
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import is_slurm_time
 
-TOP_KEYS = ("name", "kind", "command", "dir", "search", "trials", "seed", "metric", "goal",
-            "space", "fixed", "job")
+TOP_KEYS = ("name", "kind", "command", "dir", "search", "sampler", "trials", "seed", "metric", "goal",
+            "space", "fixed", "job", "pruner", "step_unit", "max_concurrent", "retries")
+SAMPLERS = ("random", "grid", "tpe", "cmaes", "nsga2")     # malletrain.campaign.study builds them
+PRUNERS = ("none", "asha", "hyperband", "median")
+PRUNER_KEYS = ("kind", "min_resource", "max_resource", "reduction_factor")
+STEP_UNITS = ("steps", "samples", "epochs")
+MAX_CONCURRENT = 1000
+MAX_RETRIES = 100
+MAX_RESOURCE = 10**15
 JOB_KEYS = ("min_nodes", "max_nodes", "gpus_per_node", "grace_s", "rescale_up_s",
             "rescale_down_s", "time", "launch", "profile")
 DISTS = ("uniform", "log_uniform", "int_uniform")
@@ -61,14 +89,29 @@ class Spec:
     kind: str
     command: tuple[str, ...]
     dir: str
-    search: str
+    search: str                 # the classic search (random | grid), or "study" with a sampler
     trials: int
     seed: int
-    metric: str
+    metric: str                 # the first objective (the only one but for nsga2)
     goal: str
     space: dict
     fixed: dict
     job: dict = field(default_factory=dict)
+    sampler: str = ""           # "": the classic search; else an Optuna study's sampler
+    metrics: tuple[str, ...] = ()
+    goals: tuple[str, ...] = ()
+    pruner: str = "none"
+    min_resource: int = 1
+    max_resource: int | None = None
+    reduction_factor: int = 3
+    step_unit: str = "steps"
+    max_concurrent: int = 4
+    retries: int = 2
+
+    @property
+    def study(self) -> bool:
+        """An Optuna study (``sampler``), not the classic search."""
+        return bool(self.sampler)
 
 
 def load_spec(path: str) -> Spec:
@@ -105,32 +148,47 @@ def load_spec(path: str) -> Spec:
         raise InputError("must be a mapping", path=path, field="job")
     reject_unknown(job, JOB_KEYS, path, within="job")
     _check_job(job, path)
-    search = raw.get("search", "random")
-    if search not in ("random", "grid"):
+    if "search" in raw and "sampler" in raw:
+        raise InputError("give sampler (an Optuna study) or search (the classic one), not both", path=path,
+                         field="sampler")
+    sampler = raw.get("sampler", "")
+    if "sampler" in raw and sampler not in SAMPLERS:
+        raise InputError(f"must be one of {', '.join(SAMPLERS)}, got {clipped(sampler)}", path=path,
+                         field="sampler")
+    search = "study" if sampler else raw.get("search", "random")
+    if search not in ("random", "grid", "study"):
         raise InputError("must be random or grid", path=path, field="search")
-    if search == "grid":
+    if not sampler:
+        for key in ("pruner", "step_unit", "max_concurrent", "retries"):
+            if key in raw:
+                raise InputError("needs an Optuna study: give sampler (random, grid, tpe, cmaes, nsga2) "
+                                 "instead of search", path=path, field=key)
+    if search == "grid" or sampler == "grid":
         for key, dom in space.items():
             if not isinstance(dom, list):
                 raise InputError("grid search needs a list of values", path=path, field=f"space.{key}")
-    kind, goal = raw.get("kind", "hpo"), raw.get("goal", "max")
+    kind = raw.get("kind", "hpo")
     if kind not in ("hpo", "nas"):
         raise InputError("must be hpo or nas", path=path, field="kind")
-    if goal not in ("max", "min"):
-        raise InputError("must be max or min", path=path, field="goal")
-    trials = raw.get("trials", 0 if search == "grid" else None)
-    if not _is_int(trials) or trials < (1 if search == "random" else 0):
-        want = "random search needs trials >= 1" if search == "random" else \
-            "must be an integer >= 0 (0: every combination)"
+    metrics, goals = _objectives(raw, path, sampler)
+    grid = search == "grid" or sampler == "grid"
+    trials = raw.get("trials", 0 if grid else None)
+    if not _is_int(trials) or trials < (0 if grid else 1):
+        want = "must be an integer >= 0 (0: every combination)" if grid else \
+            f"{'random search' if search == 'random' else 'a study'} needs trials >= 1"
         raise InputError(f"{want}, got {clipped(trials)}", path=path, field="trials")
     if trials > MAX_TRIALS:
         raise InputError(f"at most {MAX_TRIALS} trials per campaign, got {clipped(trials)}", path=path,
                          field="trials")
-    if search == "grid":      # counted, never enumerated
+    if grid:      # counted, never enumerated
         combos = math.prod(len(dom) for dom in space.values())
         if min(combos, trials or combos) > MAX_TRIALS:
             count = f"{combos:,}" if combos < 10**15 else f"about 1e{math.floor(math.log10(combos))}"
             raise InputError(f"the grid has {count} combinations, more than {MAX_TRIALS} trials; "
                              "shrink the space or cap it with trials", path=path, field="space")
+        if sampler:
+            trials = min(combos, trials or combos)
+    extra = _study_fields(raw, path) if sampler else {}
     seed = raw.get("seed", 0)
     if not _is_int(seed) or not 0 <= seed < 2**64:
         raise InputError(f"must be an integer in [0, 2**64), got {clipped(seed)}", path=path, field="seed")
@@ -141,9 +199,62 @@ def load_spec(path: str) -> Spec:
     name = str(need("name", str))
     return Spec(path=os.path.abspath(path), name=name, kind=kind, command=tuple(command),
                 dir=os.path.normpath(os.path.join(base, str(raw.get("dir", f"runs/{name}")))), search=search,
-                trials=trials, seed=seed,
-                metric=str(raw.get("metric", "val_acc")), goal=goal, space=space, fixed=fixed,
-                job=job)
+                trials=trials, seed=seed, metric=metrics[0], goal=goals[0], space=space, fixed=fixed,
+                job=job, sampler=sampler, metrics=metrics, goals=goals, **extra)
+
+
+def _objectives(raw: dict, path: str, sampler: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(metrics, goals): one each, or (nsga2) several of each, paired."""
+    metric, goal = raw.get("metric", "val_acc"), raw.get("goal", "max")
+    metrics = tuple(metric) if isinstance(metric, list) else (metric,)
+    goals = tuple(goal) if isinstance(goal, list) else (goal,) * len(metrics)
+    if not metrics or not all(isinstance(m, str) and m and len(m) <= 64 and m.isprintable() for m in metrics):
+        raise InputError(f"must be a result field name (or, for nsga2, a list of them), got {clipped(metric)}",
+                         path=path, field="metric")
+    if len(goals) != len(metrics) or not all(g in ("max", "min") for g in goals):
+        raise InputError(f"must be max or min (for several metrics: a list of as many), got {clipped(goal)}",
+                         path=path, field="goal")
+    if (len(metrics) > 1) != (sampler == "nsga2"):
+        raise InputError("several objectives need sampler nsga2, and nsga2 needs several (e.g. "
+                         "metric: [val_acc, params], goal: [max, min])", path=path, field="metric")
+    return metrics, goals
+
+
+def _study_fields(raw: dict, path: str) -> dict:
+    """The study's own fields: pruner (a name or a mapping), step_unit, max_concurrent, retries."""
+    out: dict = {}
+    pruner = raw.get("pruner", "none")
+    if isinstance(pruner, dict):
+        reject_unknown(pruner, PRUNER_KEYS, path, within="pruner")
+        kind = pruner.get("kind", "asha")
+        for key in ("min_resource", "max_resource", "reduction_factor"):
+            if key in pruner:
+                v = pruner[key]
+                lo = 2 if key == "reduction_factor" else 1
+                if not _is_int(v) or not lo <= v <= MAX_RESOURCE:
+                    raise InputError(f"must be an integer in [{lo}, {MAX_RESOURCE:g}], got {clipped(v)}",
+                                     path=path, field=f"pruner.{key}")
+                out[key] = v
+        if out.get("max_resource") is not None and out["max_resource"] < out.get("min_resource", 1):
+            raise InputError("must be at least min_resource", path=path, field="pruner.max_resource")
+    else:
+        kind = pruner
+    if kind not in PRUNERS:
+        raise InputError(f"must be one of {', '.join(PRUNERS)} (or a mapping with kind), got {clipped(kind)}",
+                         path=path, field="pruner")
+    out["pruner"] = kind
+    unit = raw.get("step_unit", "steps")
+    if unit not in STEP_UNITS:
+        raise InputError(f"must be one of {', '.join(STEP_UNITS)} (never per-rank batches: a step must "
+                         f"mean the same at any node count), got {clipped(unit)}", path=path, field="step_unit")
+    out["step_unit"] = unit
+    for key, hi, default in (("max_concurrent", MAX_CONCURRENT, 4), ("retries", MAX_RETRIES, 2)):
+        v = raw.get(key, default)
+        lo = 1 if key == "max_concurrent" else 0
+        if not _is_int(v) or not lo <= v <= hi:
+            raise InputError(f"must be an integer in [{lo}, {hi}], got {clipped(v)}", path=path, field=key)
+        out[key] = v
+    return out
 
 
 def _is_int(v: object) -> TypeGuard[int]:

@@ -90,6 +90,15 @@ def journal_path(directory: str) -> str:
     return os.path.join(directory, JOURNAL)
 
 
+def open_study(spec) -> Study:
+    """The study of a campaign spec with a ``sampler`` (:class:`malletrain.campaign.spec.Spec`)."""
+    return Study(StudySpec(
+        directory=spec.dir, name=spec.name, space=spec.space, fixed=spec.fixed,
+        directions=tuple("maximize" if g == "max" else "minimize" for g in spec.goals),
+        sampler=spec.sampler, pruner=spec.pruner, seed=spec.seed % 2**32, min_resource=spec.min_resource,
+        max_resource=spec.max_resource, reduction_factor=spec.reduction_factor))
+
+
 class Study:
     """A campaign's study (see the module docstring).  Opening creates it if needed."""
 
@@ -115,7 +124,13 @@ class Study:
 
     # -- asking ---------------------------------------------------------------------------
     def ask(self) -> Asked:
-        """A new trial (or a queued retry): its number and parameters (``fixed`` included)."""
+        """A new trial (or a queued retry): its number and parameters (``fixed`` included).
+
+        The sampler is built afresh for each ask, seeded with the spec's seed and the number of
+        trials asked before: processes that each open the study once and ask once would all draw
+        the same "random" parameters from a sampler seeded alike."""
+        asked = len(self._storage.get_all_trials(self._study_id, deepcopy=False))
+        self._study.sampler = _sampler(self.spec, (self.spec.seed * 1_000_003 + asked) % 2**32)
         trial = self._study.ask()
         params: dict[str, Any] = {}
         for key in sorted(self.spec.space):
@@ -220,10 +235,11 @@ def _check(spec: StudySpec) -> None:
         raise InputError("need min_resource >= 1, reduction_factor >= 2 and max_resource >= min_resource")
 
 
-def _sampler(spec: StudySpec):
+def _sampler(spec: StudySpec, seed: int | None = None):
     from optuna import samplers
+    seed = spec.seed if seed is None else seed
     if spec.sampler == "random":
-        return samplers.RandomSampler(seed=spec.seed)
+        return samplers.RandomSampler(seed=seed)
     if spec.sampler == "grid":
         class Grid(samplers.GridSampler):
             """The grid without its stop of an ``optimize`` loop once every point was asked (an
@@ -232,12 +248,14 @@ def _sampler(spec: StudySpec):
 
             def after_trial(self, study, trial, state, values) -> None:
                 return None
+        # the spec's seed, never a per-ask one: the seed orders the grid, and a trial's stored
+        # grid id means a point only under the order it was asked with
         return Grid({k: list(v) for k, v in spec.space.items()}, seed=spec.seed)
     if spec.sampler == "cmaes":
-        return samplers.CmaEsSampler(seed=spec.seed)
+        return samplers.CmaEsSampler(seed=seed)
     if spec.sampler == "nsga2":
-        return samplers.NSGAIISampler(seed=spec.seed)
-    return samplers.TPESampler(seed=spec.seed)
+        return samplers.NSGAIISampler(seed=seed)
+    return samplers.TPESampler(seed=seed)
 
 
 def _pruner(spec: StudySpec):

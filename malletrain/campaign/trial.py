@@ -1,0 +1,168 @@
+"""What runs inside a study campaign's trial job: the trial wrapper and the metric reporter.
+
+A trial job's command is ``malletrain campaign trial <dir> <slot>``; each process of the job
+(one per task under ``srun``) runs :func:`run_trial`:
+
+1. **Bind.** The slot's trial — asked from the study at the job's first start, the same one at
+   every later start (:func:`malletrain.campaign.slots.bind`).
+2. **Run** the spec's command with ``--params <dir>/t<n>/params.json --ckpt <dir>/t<n>/ckpt``
+   and ``MALLETRAIN_TRIAL``/``MALLETRAIN_TRIAL_NUMBER`` in its environment, passing SIGTERM,
+   SIGUSR2 and SIGINT on to it.  The runtime's :meth:`~malletrain.runtime.Runtime.report` finds
+   the trial there (:class:`Reporter`): it records the value in the study and stops the trial
+   when the pruner says so.
+3. **Close out** (task 0 only): a final result completes the trial; a pruned trial stays
+   pruned; a failure counts against ``retries`` (within them the job exits as the command did and
+   is started again); a trial that ends queues the campaign's next trial jobs (``tick``), so the
+   campaign goes on with no process of its owner's on the login node.
+
+A job whose trial is already closed when it starts (it was pruned or finished just as the job was
+preempted or rescaled) writes its exit record and exits 0 at once.  Exit records this module
+writes carry ``reason`` ``done``, ``pruned`` or ``failed``; the daemon takes all three as final
+(the job is never requeued).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from malletrain.campaign import slots
+from malletrain.campaign.spec import Spec
+from malletrain.domain.safefile import open_append
+
+log = logging.getLogger("malletrain.campaign")
+
+ENV_DIR = "MALLETRAIN_TRIAL"
+ENV_NUMBER = "MALLETRAIN_TRIAL_NUMBER"
+EXIT_STOPPED = 3        # the runtime's "checkpointed on a signal, not finished" (the job runs again)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+_END_REASON = {"done": "done", "pruned": "pruned", "failed": "failed", "complete": "done"}
+
+
+class Reporter:
+    """A trial's reports to its study, for the runtime (rank 0): :meth:`report` records a value
+    at a position in the spec's ``step_unit`` and says whether the pruner stops the trial now (the
+    trial is then closed as pruned at once, so a requeued job cannot run it again)."""
+
+    def __init__(self, directory: str, number: int, open_study: Callable[[Spec], object] | None = None) -> None:
+        self.spec = slots.thawed(directory)
+        self.number = number
+        self._open = open_study
+        self._study = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Reporter | None:
+        directory, number = env.get(ENV_DIR), env.get(ENV_NUMBER, "")
+        if not directory or not number.isdigit() or len(number) > 9:
+            return None
+        return cls(directory, int(number))
+
+    @property
+    def unit(self) -> str:
+        return self.spec.step_unit
+
+    def report(self, value: float, *, steps: int, samples: int, epochs: int) -> bool:
+        if len(self.spec.metrics) > 1:       # Optuna prunes single-objective studies only
+            return False
+        position = {"steps": steps, "samples": samples, "epochs": epochs}[self.spec.step_unit]
+        if self._study is None:
+            if self._open is None:
+                from malletrain.campaign.study import open_study
+                self._open = open_study
+            self._study = self._open(self.spec)
+        study = self._study
+        prune = bool(study.report(self.number, int(position), float(value)))      # type: ignore[attr-defined]
+        if prune and self.spec.pruner != "none":
+            study.pruned(self.number)                                           # type: ignore[attr-defined]
+            return True
+        return False
+
+
+def exit_record(reason: str, env: Mapping[str, str] = os.environ) -> None:
+    """Append an ``exit`` record to the job's progress file (when it has one): what the daemon
+    reads to know that the job is over."""
+    path, job = env.get("MALLETRAIN_METRICS"), env.get("MALLETRAIN_JOB")
+    if not path or not job:
+        return
+    restart = env.get("MALLETRAIN_RESTART", "0")
+    rec = {"t": round(time.time(), 3), "job": job, "step": 0, "samples": 0, "step_s": 0.0,
+           "restart": int(restart) if restart.isdigit() and len(restart) < 7 else 0,
+           "event": "exit", "reason": reason}
+    try:
+        fd = open_append(path)
+    except OSError as exc:
+        log.warning("cannot append the exit record to %s: %s", path, exc)
+        return
+    try:
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], object],
+              ticker: Callable[[Spec, object], None], env: Mapping[str, str] = os.environ,
+              popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> int:
+    """A trial job's process (see the module docstring); the exit status for the job."""
+    spec = slots.thawed(directory)
+    study = open_study(spec)
+    bound = slots.bind(spec, slot_id, study)
+    first = env.get("SLURM_PROCID", "0") == "0"
+    if bound.state != "running":
+        log.info("trial %d is already closed (%s): nothing to run", bound.number, bound.state)
+        if first:
+            exit_record(_END_REASON.get(bound.state, "done"), env)
+            if slots.close_out(spec, slot_id, study, rc=0, stopped=False) is not None:
+                _tick(ticker, spec, study)
+        return 0
+    child_env = {**env, ENV_DIR: spec.dir, ENV_NUMBER: str(bound.number)}
+    command = [*spec.command, "--params", bound.params_path, "--ckpt", bound.ckpt_dir]
+    log.info("trial %d (%s): %s", bound.number, slot_id, " ".join(command))
+    rc = _run(command, child_env, popen)
+    if not first:
+        return rc
+    stopped = rc == EXIT_STOPPED or rc > 128
+    end = slots.close_out(spec, slot_id, study, rc=rc, stopped=stopped)
+    if end is None:
+        return rc
+    if end == "failed":
+        log.warning("trial %d failed %d time(s), more than retries (%d): closed as failed",
+                    bound.number, spec.retries + 1, spec.retries)
+        exit_record("failed", env)
+    _tick(ticker, spec, study)
+    return 0
+
+
+def _run(command: Sequence[str], env: Mapping[str, str], popen) -> int:
+    """Run ``command``, passing the stop signals on; its exit status (128 + N when signal N
+    killed it)."""
+    child = popen(list(command), env=dict(env))
+    previous = {}
+
+    def forward(signum, frame) -> None:
+        try:
+            child.send_signal(signum)
+        except (ProcessLookupError, OSError):
+            pass
+    for sig in FORWARDED:
+        previous[sig] = signal.signal(sig, forward)
+    try:
+        rc = child.wait()
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return 128 - rc if rc < 0 else rc
+
+
+def _tick(ticker: Callable[[Spec, object], None], spec: Spec, study) -> None:
+    """Queue the campaign's next trial jobs; a failure is logged, not raised (the trial's own
+    result is already safe, and the next tick — any other trial's end, ``campaign status`` —
+    does it)."""
+    try:
+        ticker(spec, study)
+    except Exception as exc:     # noqa: BLE001 - Slurm away, a full disk: the next tick retries
+        log.warning("could not queue the campaign's next trials (the next trial to end, or "
+                    "`malletrain campaign status`, will): %s", exc)

@@ -1,0 +1,329 @@
+"""Study campaigns without Slurm: trial jobs (slots) bound to Optuna trials when they start, the
+trial cap across every path, kill -9 at the awkward moments, close-out, retries, pruning reports
+and the trial wrapper running a real child process.  Real Optuna 5 with its journal file; a
+recording submitter stands in for sbatch (the live tests use real Slurm)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from malletrain.campaign import slots
+from malletrain.campaign.spec import load_spec
+from malletrain.campaign.study import open_study
+from malletrain.campaign.trial import Reporter, run_trial
+from malletrain.domain.errors import InputError
+
+SPEC = """
+name: st
+command: [python3, train.py]
+dir: camp
+sampler: random
+trials: 5
+max_concurrent: 2
+retries: 1
+seed: 7
+metric: val_acc
+goal: max
+space:
+  lr: {log_uniform: [0.001, 0.1]}
+  width: [16, 32, 64]
+fixed: {steps: 10}
+"""
+
+
+def _spec(tmp_path, text: str = SPEC, **replace):
+    for k, v in replace.items():
+        text = text.replace(k, v)
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    spec = load_spec(str(p))
+    os.makedirs(spec.dir, exist_ok=True)
+    slots.freeze(spec)
+    return spec
+
+
+class Sbatch:
+    """Records submissions; job ids from 100."""
+
+    def __init__(self):
+        self.jobs: dict[str, str] = {}       # job id -> token
+        self.calls = 0
+
+    def __call__(self, name, command, token):
+        self.calls += 1
+        jid = str(100 + len(self.jobs))
+        self.jobs[jid] = token
+        return jid
+
+    def find(self, token):
+        return next((j for j, t in self.jobs.items() if t == token), None)
+
+
+def _tick(spec, sb, queued=None, study=None):
+    n = iter(range(1000))
+    return slots.tick(spec, study or open_study(spec), submit_one=sb, slot_command=lambda s: ["run", s],
+                      new_token=lambda: f"tok{next(n)}-{os.urandom(3).hex()}",
+                      queued=set(sb.jobs) if queued is None else queued, find_token=sb.find)
+
+
+def _finish(spec, number, value, final=True):
+    d = os.path.join(slots.trial_dir(spec.dir, number), "ckpt")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "result.json"), "w") as fh:
+        json.dump({"val_acc": value, "final": final}, fh)
+
+
+def _ledger(spec):
+    return slots.load_ledger(spec.dir)["slots"]
+
+
+def test_spec_study_fields_and_their_errors(tmp_path):
+    spec = _spec(tmp_path, **{"sampler: random": "sampler: tpe\npruner: {kind: asha, min_resource: 2, "
+                                                   "reduction_factor: 3}\nstep_unit: samples"})
+    assert spec.study and spec.sampler == "tpe" and spec.pruner == "asha" and spec.min_resource == 2
+    assert spec.step_unit == "samples" and spec.max_concurrent == 2 and spec.retries == 1
+    bad = [("sampler: random", "sampler: annealing", "sampler"),
+           ("sampler: random", "search: random\nsampler: tpe", "not both"),
+           ("retries: 1", "retries: -1", "retries"),
+           ("max_concurrent: 2", "max_concurrent: 0", "max_concurrent"),
+           ("sampler: random", "sampler: random\nstep_unit: batches", "per-rank batches"),
+           ("sampler: random", "sampler: random\npruner: {kind: asha, reduction_factor: 1}", "reduction_factor"),
+           ("sampler: random", "sampler: nsga2", "several objectives"),
+           ("sampler: random", "search: random\npruner: asha", "needs an Optuna study")]
+    for old, new, needle in bad:
+        (tmp_path / "b.yaml").write_text(SPEC.replace(old, new))
+        with pytest.raises(InputError, match=needle):
+            load_spec(str(tmp_path / "b.yaml"))
+    two = SPEC.replace("sampler: random", "sampler: nsga2").replace("metric: val_acc", "metric: [val_acc, params]") \
+        .replace("goal: max", "goal: [max, min]")
+    (tmp_path / "n.yaml").write_text(two)
+    nsga = load_spec(str(tmp_path / "n.yaml"))
+    assert nsga.metrics == ("val_acc", "params") and nsga.goals == ("max", "min")
+
+
+def test_a_changed_spec_is_refused_for_the_same_dir(tmp_path):
+    spec = _spec(tmp_path)
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("trials: 5", "trials: 6"))
+    with pytest.raises(InputError, match="different spec"):
+        slots.freeze(load_spec(str(tmp_path / "spec.yaml")))
+    assert slots.thawed(spec.dir) == spec
+
+
+def test_tick_keeps_max_concurrent_jobs_and_the_trial_cap(tmp_path):
+    spec = _spec(tmp_path)
+    sb = Sbatch()
+    t = _tick(spec, sb)
+    assert t.submitted == ("s000", "s001") and sb.calls == 2
+    assert _tick(spec, sb).submitted == () and sb.calls == 2            # idempotent
+    study = open_study(spec)
+    numbers = []
+    for _ in range(10):                     # start, finish and tick until the campaign is over
+        live = [s for s in _ledger(spec) if s["end"] is None]
+        if not live:
+            break
+        for s in live:
+            b = slots.bind(spec, s["id"], study)
+            assert slots.bind(spec, s["id"], study).number == b.number      # a requeued job: same trial
+            numbers.append(b.number)
+            _finish(spec, b.number, 0.5 + b.number / 100)
+            assert slots.close_out(spec, s["id"], study, rc=0, stopped=False) == "done"
+        _tick(spec, sb, study=study)
+    views = study.trials()
+    assert len(views) == 5 and all(v.state == "complete" for v in views)
+    assert sorted(numbers) == list(range(5)) and sb.calls == 5
+    params = [json.dumps(v.params, sort_keys=True) for v in views]
+    assert len(set(params)) == 5          # every ask drew anew (one sampler per process would repeat)
+
+
+def test_params_are_asked_when_the_job_starts_not_at_submit(tmp_path):
+    spec = _spec(tmp_path)
+    sb = Sbatch()
+    _tick(spec, sb)
+    study = open_study(spec)
+    assert study.trials() == [] and not os.path.exists(slots.trial_dir(spec.dir, 0))
+    b = slots.bind(spec, "s001", study)
+    assert b.number == 0 and b.state == "running"
+    with open(b.params_path) as fh:
+        assert json.load(fh) == b.params and b.params["steps"] == 10
+
+
+_BIND_AND_DIE = """
+import os, sys
+from malletrain.campaign import slots
+from malletrain.campaign.study import open_study
+spec = slots.thawed(sys.argv[1])
+def die(*a, **k):
+    os.kill(os.getpid(), 9)          # kill -9 after Optuna's ask, before the ledger names the trial
+slots.save_ledger = die
+slots.bind(spec, "s000", open_study(spec))
+"""
+
+
+def test_kill_9_between_ask_and_the_ledger_loses_nothing_and_breaks_no_cap(tmp_path):
+    spec = _spec(tmp_path, **{"trials: 5": "trials: 2"})
+    sb = Sbatch()
+    _tick(spec, sb)
+    died = subprocess.run([sys.executable, "-c", _BIND_AND_DIE, spec.dir], timeout=120)
+    assert died.returncode == -signal.SIGKILL
+    study = open_study(spec)
+    assert [v.state for v in study.trials()] == ["running"]     # asked, named by no job
+    b = slots.bind(spec, "s000", study)                         # the job starts again
+    assert b.number == 1
+    assert [v.state for v in study.trials()] == ["failed", "running"]   # the orphan never ran
+    slots.bind(spec, "s001", study)
+    _finish(spec, 1, 0.9)
+    slots.close_out(spec, "s000", study, rc=0, stopped=False)
+    assert _tick(spec, sb, study=study).submitted == ()       # 2 trial jobs: the cap
+    assert sum(v.state != "failed" for v in study.trials()) == 2
+
+
+def test_kill_9_between_sbatch_and_the_ledger_finds_the_job_by_token(tmp_path):
+    spec = _spec(tmp_path)
+    sb = Sbatch()
+
+    class Died(BaseException):
+        pass
+
+    def sbatch_then_die(name, command, token):
+        sb(name, command, token)
+        raise Died
+    with pytest.raises(Died):
+        slots.tick(spec, open_study(spec), submit_one=sbatch_then_die, slot_command=lambda s: [s],
+                   new_token=lambda: os.urandom(4).hex(), queued=set(), find_token=sb.find)
+    assert _ledger(spec)[0]["submitting"] and sb.calls == 1
+    t = _tick(spec, sb)
+    led = _ledger(spec)
+    assert t.submitted == ("s001",) and sb.calls == 2           # s000 was found by its token
+    assert led[0]["job"] == "100" and not led[0]["submitting"]
+
+
+def test_jobs_that_left_the_queue(tmp_path):
+    spec = _spec(tmp_path, **{"trials: 5": "trials: 3"})
+    sb = Sbatch()
+    _tick(spec, sb)
+    study = open_study(spec)
+    b = slots.bind(spec, "s001", study)
+    t = _tick(spec, sb, queued=set(), study=study)        # both cancelled: s000 before it started
+    assert dict(t.ended) == {"s000": "void", "s001": "failed"}
+    assert [v.state for v in study.trials()] == ["failed"] and b.number == 0
+    assert t.submitted == ("s002", "s003")          # a void slot used no trial: 3 trials still possible
+    s = slots.bind(spec, "s002", study)
+    _finish(spec, s.number, 0.7)                    # finished, but its job was gone before it said so
+    t = _tick(spec, sb, queued={"103"}, study=study)
+    assert dict(t.ended) == {"s002": "done"} and t.submitted == ()
+    assert {v.number: v.state for v in study.trials()}[s.number] == "complete"
+
+
+def test_failures_count_against_retries_then_the_trial_fails(tmp_path):
+    spec = _spec(tmp_path)
+    sb = Sbatch()
+    _tick(spec, sb)
+    study = open_study(spec)
+    b = slots.bind(spec, "s000", study)
+    assert slots.close_out(spec, "s000", study, rc=3, stopped=True) is None        # checkpointed: goes on
+    assert slots.close_out(spec, "s000", study, rc=1, stopped=False) is None       # failure 1 of retries 1
+    assert slots.close_out(spec, "s000", study, rc=1, stopped=False) == "failed"
+    assert study.trials()[b.number].state == "failed"
+
+
+def test_reporter_prunes_a_poor_trial_and_a_rereport_is_harmless(tmp_path):
+    spec = _spec(tmp_path, **{"sampler: random": "sampler: random\npruner: {kind: asha, min_resource: 1, "
+                                                   "reduction_factor: 3}\nstep_unit: samples",
+                              "trials: 5": "trials: 6", "max_concurrent: 2": "max_concurrent: 6"})
+    sb = Sbatch()
+    _tick(spec, sb)
+    study = open_study(spec)
+    bound = [slots.bind(spec, f"s{i:03d}", study) for i in range(6)]
+    for b in bound[:5]:
+        rep = Reporter(spec.dir, b.number)
+        assert rep.report(0.9, steps=1, samples=64, epochs=0) is False
+    poor = Reporter(spec.dir, bound[5].number)
+    assert poor.report(0.1, steps=1, samples=64, epochs=0) is True
+    assert study.trials()[bound[5].number].state == "pruned"
+    assert study.trials()[bound[5].number].last_step == 64           # the samples unit, not steps
+    assert poor.report(0.1, steps=1, samples=64, epochs=0) is False   # after a requeue: harmless
+    assert slots.close_out(spec, "s005", study, rc=0, stopped=False) == "pruned"
+
+
+_TRAIN = textwrap.dedent("""
+    import json, os, sys
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    params = json.load(open(args["--params"]))
+    os.makedirs(args["--ckpt"], exist_ok=True)
+    assert os.environ["MALLETRAIN_TRIAL_NUMBER"].isdigit()
+    mode = open(os.environ["MODE_FILE"]).read().strip()
+    if mode == "fail":
+        sys.exit(1)
+    json.dump({"val_acc": params["lr"], "final": True}, open(os.path.join(args["--ckpt"], "result.json"), "w"))
+""")
+
+
+def test_the_trial_wrapper_runs_the_command_closes_out_and_ticks(tmp_path):
+    spec_text = SPEC.replace("command: [python3, train.py]", f"command: [{sys.executable}, train.py]")
+    (tmp_path / "train.py").write_text(_TRAIN)
+    spec = _spec(tmp_path, spec_text)
+    sb = Sbatch()
+    _tick(spec, sb)
+    mode = tmp_path / "mode"
+    metrics = tmp_path / "job.jsonl"
+    env = {**os.environ, "MODE_FILE": str(mode), "MALLETRAIN_METRICS": str(metrics), "MALLETRAIN_JOB": "100"}
+    ticks = []
+
+    def run(slot):
+        return run_trial(spec.dir, slot, open_study=open_study, ticker=lambda s, st: ticks.append(s.name),
+                         env=env)
+    mode.write_text("ok")
+    assert run("s000") == 0 and ticks == ["st"]
+    study = open_study(spec)
+    assert study.trials()[0].state == "complete"
+    assert run("s000") == 0 and ticks == ["st", "st"]          # started again after it ended: exits at once
+    assert json.loads(metrics.read_text().splitlines()[-1])["reason"] == "done"
+    mode.write_text("fail")
+    assert run("s001") == 1 and len(ticks) == 2                 # within retries: the job runs again
+    assert run("s001") == 0 and len(ticks) == 3                 # then failed for good: exit 0, final record
+    assert json.loads(metrics.read_text().splitlines()[-1])["reason"] == "failed"
+    assert study.trials()[1].state == "failed"
+    env["SLURM_PROCID"] = "1"                                   # other tasks never close out
+    mode.write_text("ok")
+    sb2 = Sbatch()
+    sb2.jobs = dict(sb.jobs)
+    _tick(spec, sb2, study=study)
+    assert run("s002") == 0 and len(ticks) == 3 and study.trials()[2].state == "running"
+
+
+_HOLD_LOCK = """
+import os, sys, time
+from malletrain.campaign import slots
+with slots.locked(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_lock_holder_killed_blocks_nobody(tmp_path):
+    spec = _spec(tmp_path)
+    p = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, spec.dir], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    p.kill()
+    p.wait(timeout=30)
+    with slots.locked(spec.dir):        # would wait forever if the lock outlived its holder
+        pass
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe", "random"])
+def test_each_process_opening_the_study_asks_new_parameters(tmp_path, sampler):
+    """Each trial job opens the study itself: a sampler rebuilt per process must not repeat
+    (the grid visits every point once; seeded samplers do not draw the same point again)."""
+    spec = _spec(tmp_path, **{"sampler: random": f"sampler: {sampler}", "trials: 5": "trials: 6",
+                              "max_concurrent: 2": "max_concurrent: 6",
+                              "lr: {log_uniform: [0.001, 0.1]}": "lr: [0.001, 0.01]"})
+    _tick(spec, Sbatch())
+    got = [slots.bind(spec, f"s{i:03d}", open_study(spec)).params for i in range(6)]
+    pairs = {(p["lr"], p["width"]) for p in got}
+    assert len(pairs) == 6 if sampler == "grid" else len(pairs) >= 3
