@@ -26,7 +26,7 @@ ALLOWED = {
     "slurm": {"domain", "core"},
     "replay": {"domain", "core"},
     "daemon": {"domain", "core", "slurm"},
-    "runtime": {"domain"},
+    "runtime": {"domain", "campaign"},     # a trial's reports to its study (campaign.trial)
     "campaign": {"domain"},
     "bench": {"domain", "core", "milp", "replay", "daemon"},
     "cli": set(ROOMS),

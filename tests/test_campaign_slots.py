@@ -107,6 +107,12 @@ def test_spec_study_fields_and_their_errors(tmp_path):
     assert nsga.metrics == ("val_acc", "params") and nsga.goals == ("max", "min")
 
 
+def test_scientific_notation_in_a_spec_is_a_number(tmp_path):
+    """PyYAML reads 1e-4 as a string (YAML 1.1); a researcher's ``lr: [1e-4, 1e-2]`` must be numbers."""
+    spec = _spec(tmp_path, **{"lr: {log_uniform: [0.001, 0.1]}": "lr: [1e-4, 2E+2, 1.5e-2, '1e-3']"})
+    assert spec.space["lr"] == [0.0001, 200.0, 0.015, "1e-3"]
+
+
 def test_a_changed_spec_is_refused_for_the_same_dir(tmp_path):
     spec = _spec(tmp_path)
     (tmp_path / "spec.yaml").write_text(SPEC.replace("trials: 5", "trials: 6"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from helpers import FakeSlurm, held_job
 
 from malletrain.daemon.recovery import GIVE_UP, RETRY, Ended, Recovery, RecoveryConfig, Running
@@ -318,5 +319,30 @@ def test_a_job_that_never_writes_progress_and_exits_0_is_finished_not_run_again(
             d.cycle_once()
         assert ("requeuehold", "7") not in _writes(fake) and ("requeuehold", "8") in _writes(fake)
         assert fake.jobs["7"]["state"] == "COMPLETED"
+    finally:
+        d.store.close()
+
+
+@pytest.mark.parametrize("reason,requeued", [("pruned", False), ("failed", False), ("signal", True)])
+def test_a_campaign_trial_that_ended_pruned_or_failed_for_good_is_not_requeued(tmp_path, reason, requeued):
+    """A trial the campaign's pruner stopped (or that used up the campaign's retries) exits 0 with
+    that reason; the daemon takes it as final like ``done``; a ``metric`` record is read past, not
+    counted as malformed.  A run that only checkpointed on a signal is requeued (the control)."""
+    fake, metrics = _tagged(tmp_path, "8")
+    d, clock = _daemon(tmp_path, fake)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        clock["t"] += 2
+        d.cycle_once()
+        (metrics / "8.jsonl").write_text('{"t": 1, "event": "start", "job": "8"}\n'
+                                         '{"t": 2, "event": "metric", "job": "8", "value": 0.1, "prune": true}\n'
+                                         f'{{"t": 3, "event": "exit", "reason": "{reason}", "job": "8"}}\n')
+        fake.end("8", "COMPLETED")
+        fake.calls.clear()
+        clock["t"] += 2
+        d.cycle_once()
+        assert (("requeuehold", "8") in _writes(fake)) == requeued
+        assert d.progress.tail.counters.bad == 0          # the metric record is not malformed
     finally:
         d.store.close()

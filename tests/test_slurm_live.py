@@ -540,6 +540,66 @@ def test_campaign_trials_run_under_the_daemon_and_status_shows_the_best(clean, t
     assert "2/2 done; best so far: " + best["id"] in text, text
 
 
+def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
+    """An Optuna campaign (grid over 4 learning rates, ASHA, at most 2 trial jobs at once) is
+    submitted once; the trial jobs ask their parameters when they start and queue their
+    successors when they end: no other command of the user's runs until all 4 trials are closed.
+    Every trial is one job for its whole life; the two near-zero learning rates lose to the
+    others at a rung and are pruned when a better one reported there first (reported, not
+    asserted: which pair runs first is the grid sampler's seeded order)."""
+    import sys
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": "opt", "kind": "hpo", "command": [sys.executable, EXAMPLE], "dir": "camp",
+        "sampler": "grid", "trials": 4, "max_concurrent": 2, "retries": 1, "metric": "val_acc", "goal": "max",
+        "pruner": {"kind": "asha", "min_resource": 20, "reduction_factor": 3}, "step_unit": "steps",
+        "space": {"lr": [0.1, 0.08, 0.00001, 0.00002]},
+        "fixed": {"steps": 100, "eval_every": 20, "arch": "mlp", "width": 32, "depth": 1},
+        "job": {"min_nodes": 1, "max_nodes": 2, "grace_s": GRACE_S, "rescale_up_s": 5, "rescale_down_s": 3}}))
+    env = dict(clean.env, PYTHONPATH=os.path.dirname(os.path.dirname(EXAMPLE)) + "/..")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "malletrain", "campaign", *args, str(spec)],
+                              env=env, capture_output=True, text=True, timeout=120)
+    sub = cli("submit")
+    assert sub.returncode == 0, sub.stderr
+    camp = tmp_path / "camp"
+    ledger = lambda: json.loads((camp / "campaign.json").read_text())["slots"]      # noqa: E731
+    assert [s["id"] for s in ledger()] == ["s000", "s001"] and all(s["job"] for s in ledger())
+    from malletrain.campaign.slots import thawed
+    from malletrain.campaign.study import open_study
+    study = open_study(thawed(str(camp)))
+    assert study.trials() == []                  # nothing asked before a job starts
+    d = DaemonProc(tmp_path, clean).start()
+    try:
+        def closed():
+            views = study.trials()
+            return len(views) == 4 and all(v.state != "running" for v in views) and views
+        views = wait_until(closed, 420, "the campaign's 4 trials to close, with no user command")
+    finally:
+        d.stop()
+    slots_ = ledger()
+    assert len(slots_) == 4 and sorted(s["trial"] for s in slots_) == [0, 1, 2, 3]
+    assert len({s["job"] for s in slots_}) == 4 and all(s["end"] in ("done", "pruned") for s in slots_)
+    states = {v.number: v.state for v in views}
+    assert set(states.values()) <= {"complete", "pruned"} and "complete" in states.values()
+    by_lr = {v.params["lr"]: v for v in views}
+    best = max((v for v in views if v.state == "complete"), key=lambda v: v.values[0])
+    assert best.params["lr"] in (0.1, 0.08)
+    for s in slots_:        # one trial per job for its whole life; a pruned job exited 0, not requeued
+        recs = metrics_records(tmp_path / "camp", s["job"])
+        ends = [r["reason"] for r in recs if r["event"] == "exit"]
+        assert ends and ends[-1] in ("done", "pruned"), (s, ends)
+    st = cli("status")
+    assert st.returncode == 0 and "Optuna grid" in st.stdout, st.stderr
+    assert f"best so far: trial {best.number}" in st.stdout, st.stdout
+    keep_figures("study-campaign-live.json", {
+        "trials": {str(v.number): {"lr": v.params["lr"], "state": v.state, "last_step": v.last_step,
+                                   "value": v.values[0] if v.values else v.last_value} for v in views},
+        "pruned": sorted(v.number for v in views if v.state == "pruned"),
+        "low_lr_pruned": sum(by_lr[lr].state == "pruned" for lr in (0.00001, 0.00002))}, tmp_path)
+
+
 def test_trial_preempted_by_slurm_alone_is_requeued_not_completed(clean, tmp_path):
     """No daemon: Slurm preempts the trial for a primary job (GraceTime); the trial
     checkpoints and exits within the grace time, and the template requeues it (Slurm

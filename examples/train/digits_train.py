@@ -129,14 +129,17 @@ def main(argv=None) -> int:
                           weight_decay=float(hp["weight_decay"]))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=int(hp["steps"]))
     rt.prepare(model, opt, sched, data=train)
+    size = sum(p.numel() for p in model.parameters())      # a NAS objective (accuracy vs. size)
     result_path = os.path.join(ckpt, "result.json")
     for _step in rt.steps(int(hp["steps"])):
         rt.train_step(loss_fn)
         if rt.info.rank == 0 and rt.step % int(hp["eval_every"]) == 0:
-            write_result(result_path, {"step": rt.step, "final": False, **evaluate(model, val)})
-    rc = rt.close()      # 3 when a signal stopped the run early: the sbatch template requeues
+            res = evaluate(model, val)
+            write_result(result_path, {"step": rt.step, "final": False, "params": size, **res})
+            rt.report(res["val_acc"], val_loss=res["val_loss"])   # a campaign's pruner may stop the trial
+    rc = rt.close()      # 3 when a signal stopped the run early: the sbatch template requeues; 0 when pruned
     if rt.info.rank == 0:
-        res = {"step": rt.step, "final": rt.finished, **evaluate(model, val)}
+        res = {"step": rt.step, "final": rt.finished, "params": size, **evaluate(model, val)}
         write_result(result_path, res)
         print(json.dumps(res), flush=True)
     return rc

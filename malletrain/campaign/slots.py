@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -192,10 +193,13 @@ def read_values(spec: Spec, number: int) -> tuple[list[float] | None, bool]:
         return None, False
     if not isinstance(res, dict):
         return None, False
-    vals = [res.get(m) for m in spec.metrics]
-    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-             for v in vals)
-    return ([float(v) for v in vals] if ok else None), bool(res.get("final"))
+    vals: list[float] = []
+    for m in spec.metrics:
+        v = res.get(m)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return None, bool(res.get("final"))
+        vals.append(float(v))
+    return vals, bool(res.get("final"))
 
 
 def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool) -> str | None:

@@ -53,6 +53,7 @@ import itertools
 import math
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
@@ -114,8 +115,21 @@ class Spec:
         return bool(self.sampler)
 
 
+def _spec_loader():
+    """PyYAML's SafeLoader that also reads ``1e-4`` as a number (YAML 1.2 does; PyYAML's 1.1
+    rules need a dot, ``1.0e-4``, and make ``lr: [1e-4, 1e-2]`` two strings)."""
+    import yaml
+
+    class SpecLoader(yaml.SafeLoader):
+        pass
+    SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                     re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                     list("-+0123456789"))
+    return SpecLoader
+
+
 def load_spec(path: str) -> Spec:
-    raw = read_yaml(path, what="campaign spec")
+    raw = read_yaml(path, what="campaign spec", loader=_spec_loader())
     if not isinstance(raw, dict):
         raise InputError("a campaign spec is a mapping (name, command, space, ...)", path=path)
     reject_unknown(raw, TOP_KEYS, path, within="the spec")

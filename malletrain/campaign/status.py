@@ -80,3 +80,76 @@ def format_status(spec: Spec, rows: list[dict]) -> list[str]:
                  (f"{best['id']} {spec.metric}={best['metric']:.4g} ({'final' if best['final'] else 'interim'})"
                   if best else "none yet") + "   (~ interim value, * best)")
     return [shown(line) for line in lines]
+
+
+# ---- study campaigns ------------------------------------------------------------------------------
+def rung(spec: Spec, step: int | None) -> int | None:
+    """The highest pruning rung a trial reached: rung k is ``min_resource · η^k`` steps (of the
+    spec's ``step_unit``); None before the first."""
+    if step is None or step < spec.min_resource:
+        return None
+    k, at = 0, spec.min_resource * spec.reduction_factor
+    while at <= step:
+        k, at = k + 1, at * spec.reduction_factor
+    return k
+
+
+def study_rows(spec: Spec, slot_records: list[dict], views: list,
+               slurm_states: dict[str, tuple[str, int]]) -> list[dict]:
+    """One row per trial job: its trial (number, state, rung, values, parameters) and its job."""
+    by_number = {v.number: v for v in views}
+    rows = []
+    for s in slot_records:
+        v = by_number.get(s["trial"]) if s["trial"] is not None else None
+        job = s.get("job")
+        slurm, nodes = slurm_states.get(str(job), (None, 0))
+        if s["end"] == "void":
+            state = "void"
+        elif v is not None and v.state != "running":
+            state = {"complete": "done"}.get(v.state, v.state)
+        elif slurm is not None:
+            state = slurm
+        else:
+            state = "not submitted" if not job else "gone"
+        values = list(v.values) if v is not None and v.values is not None and v.state == "complete" else None
+        rows.append({"slot": s["id"], "trial": s["trial"], "job": job, "state": state, "nodes": nodes,
+                     "failures": s.get("failures", 0), "step": v.last_step if v else None,
+                     "rung": rung(spec, v.last_step) if v else None,
+                     "value": v.last_value if v else None, "values": values, "final": bool(values),
+                     "params": {k: x for k, x in (v.params if v else {}).items()}})
+    done = [r for r in rows if r["values"] is not None and r["state"] == "done"]   # a pruned trial keeps its last value
+    best = None
+    if done:
+        pick = max if spec.goals[0] == "max" else min
+        best = pick(done, key=lambda r: r["values"][0])
+    for r in rows:
+        r["best"] = r is best
+    return rows
+
+
+def format_study_status(spec: Spec, rows: list[dict]) -> list[str]:
+    unit = {"steps": "step", "samples": "sample", "epochs": "epoch"}[spec.step_unit]
+    prune = f"pruner {spec.pruner}" if spec.pruner != "none" else "no pruning"
+    lines = [f"campaign {spec.name} ({spec.kind}, Optuna {spec.sampler}, {prune}, {spec.trials} trials, "
+             f"at most {spec.max_concurrent} at once) in {spec.dir}",
+             f"study: {os.path.join(spec.dir, 'study.journal')} (optuna-dashboard shows it)",
+             f"{'JOB#':<5} {'TRIAL':>5} {'JOB':>7} {'STATE':<10} {'NODES':>5} {unit.upper():>9} {'RUNG':>4} "
+             f"{'FAILS':>5} {'/'.join(m.upper() for m in spec.metrics):>12}  PARAMS"]
+    for r in rows:
+        if r["values"] is not None:
+            metric = "/".join(f"{x:.4g}" for x in r["values"])
+        elif r["value"] is not None:
+            metric = f"{r['value']:.4g}~"
+        else:
+            metric = "-"
+        params = " ".join(f"{k}={v}" for k, v in r["params"].items() if k not in spec.fixed)
+        lines.append(f"{r['slot']:<5} {'-' if r['trial'] is None else r['trial']:>5} {r['job'] or '-':>7} "
+                     f"{r['state']:<10} {r['nodes'] or '-':>5} {'-' if r['step'] is None else r['step']:>9} "
+                     f"{'-' if r['rung'] is None else r['rung']:>4} {r['failures']:>5} "
+                     f"{metric:>12}{' *' if r['best'] else '  '} {params}")
+    count = {k: sum(r["state"] == k for r in rows) for k in ("done", "pruned", "failed")}
+    best = next((r for r in rows if r["best"]), None)
+    lines.append(f"{count['done']} done, {count['pruned']} pruned, {count['failed']} failed of {spec.trials}; "
+                 "best so far: " + (f"trial {best['trial']} {spec.metrics[0]}={best['values'][0]:.4g}"
+                                    if best else "none yet") + "   (~ last reported value, * best)")
+    return [shown(line) for line in lines]

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from malletrain.campaign import slots
 from malletrain.campaign.spec import Spec
@@ -52,7 +53,7 @@ class Reporter:
         self.spec = slots.thawed(directory)
         self.number = number
         self._open = open_study
-        self._study = None
+        self._study: Any = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Reporter | None:
@@ -75,9 +76,9 @@ class Reporter:
                 self._open = open_study
             self._study = self._open(self.spec)
         study = self._study
-        prune = bool(study.report(self.number, int(position), float(value)))      # type: ignore[attr-defined]
+        prune = bool(study.report(self.number, int(position), float(value)))
         if prune and self.spec.pruner != "none":
-            study.pruned(self.number)                                           # type: ignore[attr-defined]
+            study.pruned(self.number)
             return True
         return False
 

@@ -205,6 +205,8 @@ def cmd_campaign(args) -> int:
         spec = dataclasses.replace(spec, dir=os.path.abspath(args.dir))
     cfg = _config(args.config)
     metrics_dir = metrics_dir_path(args.metrics_dir or os.path.join(spec.dir, "metrics"))
+    if spec.study:
+        return _study_campaign(args, spec, cfg, metrics_dir)
     st = campaign.load_state(spec)      # a broken state file stops both actions before Slurm is asked
     if args.campaign_command == "submit":
         make_dir(spec.dir, "campaign directory")
@@ -257,6 +259,112 @@ def cmd_campaign(args) -> int:
         for line in campaign.format_status(spec, rows):
             say(line)
     return 0
+
+
+def _trial_submitter(spec, cfg: Config, metrics_dir: str):
+    """(submit_one, find_token, queued ids or None) for a campaign's trial jobs, as their owner."""
+    from malletrain.slurm.submit import find_token, profile_name, submit_job
+    runner = _runner(cfg)
+    job = spec.job
+
+    def submit_one(name: str, command: list[str], token: str) -> str:
+        jid = submit_job(
+            runner, cfg.slurm.partition, command, token=token, metrics_dir=metrics_dir, name=name,
+            min_nodes=job.get("min_nodes", 1), max_nodes=job.get("max_nodes", 4),
+            gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", profile_name(spec.name)),
+            time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
+            rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
+            launch=job.get("launch", "srun"))
+        say(f"{name}: job {jid}", file=sys.stderr)
+        return jid
+    queued = None
+    try:
+        queued = set(runner.read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i"]).split())
+    except Exception as exc:   # noqa: BLE001 - without the queue no job is judged gone
+        say(f"malletrain: warning: cannot list the queue ({exc}); no trial job is judged gone", file=sys.stderr)
+    return submit_one, (lambda token: find_token(runner, token, cfg.slurm.partition)), queued, runner
+
+
+def _campaign_tick(spec, study, submit: dict, say_fn=None):
+    """Queue a study campaign's next trial jobs with the settings its first submit recorded."""
+    from malletrain.campaign import slots
+    cfg = _config(submit.get("config"))
+    submit_one, find, queued, _ = _trial_submitter(spec, cfg, submit["metrics_dir"])
+    python = submit.get("python") or sys.executable
+    return slots.tick(spec, study, submit_one=submit_one, new_token=lambda: uuid.uuid4().hex[:16],
+                      slot_command=lambda slot: [python, "-m", "malletrain", "campaign", "trial", spec.dir, slot],
+                      queued=queued, find_token=find, say=say_fn or (lambda m: say(m, file=sys.stderr)))
+
+
+def _study_campaign(args, spec, cfg: Config, metrics_dir: str) -> int:
+    """``campaign submit|status`` of a spec with a ``sampler`` (an Optuna study)."""
+    from malletrain.campaign import slots
+    from malletrain.campaign.status import format_study_status, study_rows
+    from malletrain.campaign.study import open_study
+    if args.campaign_command == "submit":
+        make_dir(spec.dir, "campaign directory")
+        make_dir(metrics_dir)
+        slots.freeze(spec)
+    elif not os.path.exists(slots.ledger_path(spec.dir)):
+        raise InputError("nothing submitted yet: run `malletrain campaign submit` first",
+                         path=slots.ledger_path(spec.dir))
+    else:
+        spec = slots.thawed(spec.dir)
+    study = open_study(spec)
+    with slots.locked(spec.dir):
+        led = slots.load_ledger(spec.dir)
+        if "submit" not in led:      # what the trial jobs submit their successors with
+            led["submit"] = {"config": os.path.abspath(args.config) if args.config else
+                             os.environ.get("MALLETRAIN_CONFIG"), "metrics_dir": metrics_dir,
+                             "python": sys.executable}
+            slots.save_ledger(spec.dir, led)
+    ticked = _campaign_tick(spec, study, led["submit"])
+    if args.campaign_command == "submit":
+        say(f"campaign {spec.name}: {ticked.live} trial job(s) queued or running of {spec.trials} trials "
+            f"({len(ticked.submitted)} submitted now, held: the daemon starts them on idle nodes). Each asks "
+            f"the study for its parameters when it starts and queues the next when it ends. "
+            f"`malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
+        return 0
+    states = {}
+    try:
+        out = _runner(cfg).read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i|%T|%D"])
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3:
+                states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
+    except Exception as exc:   # noqa: BLE001 - status still shows the study when Slurm is away
+        say(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+    rows = study_rows(spec, slots.load_ledger(spec.dir)["slots"], study.trials(), states)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for line in format_study_status(spec, rows):
+            say(line)
+    return 0
+
+
+# what a trial job's environment holds that a job it submits must not inherit
+_JOB_ENV = ("MALLETRAIN_JOB", "MALLETRAIN_METRICS", "MALLETRAIN_RESTART", "MALLETRAIN_GRACE_S",
+            "MALLETRAIN_TRIAL", "MALLETRAIN_TRIAL_NUMBER", "MASTER_ADDR", "MASTER_PORT")
+
+
+def cmd_campaign_trial(args) -> int:
+    """A trial job's process: bind its trial, run it, close out, queue the next (campaign.trial)."""
+    import logging
+
+    from malletrain.campaign import slots
+    from malletrain.campaign.study import open_study
+    from malletrain.campaign.trial import run_trial
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    directory = os.path.abspath(args.dir)
+
+    def ticker(spec, study) -> None:
+        for key in [k for k in os.environ if (k.startswith("SLURM_") and k != "SLURM_CONF") or k in _JOB_ENV]:
+            del os.environ[key]          # the trial's own job and rank: not the next job's
+        submit = slots.load_ledger(spec.dir).get("submit")
+        if isinstance(submit, dict) and isinstance(submit.get("metrics_dir"), str):
+            _campaign_tick(spec, study, submit)
+    return run_trial(directory, args.slot, open_study=open_study, ticker=ticker)
 
 
 def cmd_config_check(args) -> int:
@@ -329,6 +437,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cp = sub.add_parser("campaign", help="NAS/HPO campaigns of malleable trials",
                         description=campaign_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     cpsub = cp.add_subparsers(dest="campaign_command", required=True, metavar="ACTION")
+    tr = cpsub.add_parser("trial", help="what a trial job runs (sbatch'ed by campaign submit)",
+                          description="Run trial job SLOT of the study campaign in DIR: ask the study "
+                                      "for the trial's parameters at its first start (the same trial at "
+                                      "every later start), run the spec's command, close the trial out "
+                                      "and queue the campaign's next trial jobs.")
+    tr.set_defaults(run=cmd_campaign_trial)
+    tr.add_argument("dir", help="the campaign directory")
+    tr.add_argument("slot", help="the trial job's id in campaign.json (s000, ...)")
     for action, helptext in (("submit", "submit the trials not yet submitted (idempotent)"),
                              ("status", "trials, progress and the best result so far")):
         a = cpsub.add_parser(action, help=helptext)

@@ -5,8 +5,11 @@ A job appends JSON lines to the file named by ``MALLETRAIN_METRICS``::
     {"t": 1795352400.5, "job": "17", "step": 120, "samples": 7680, "step_s": 0.21,
      "world": 8, "nodes": 2, "node": "n3", "event": "progress", "restart": 1}
 
-``samples`` is cumulative; ``event`` is ``start``, ``progress``, ``checkpoint``
-or ``exit`` (an ``exit`` with ``"reason": "done"`` is the job's final result).
+``samples`` is cumulative; ``event`` is ``start``, ``progress``, ``checkpoint``,
+``metric`` (a validation value: read past, its value is not used here) or ``exit`` (an
+``exit`` whose ``reason`` is ``done`` is the job's final result; ``pruned`` — a campaign's
+pruner stopped the trial — and ``failed`` — the trial used up its campaign's retries — end the
+job for good the same way: it is not requeued).
 The daemon reads each file incrementally from the offset it reached last time
 (persisted, so a restart neither re-reads nor loses lines).  A throughput
 sample is the rate between two consecutive ``progress`` records of the same
@@ -52,7 +55,8 @@ from malletrain.domain.model import PauseSample, Sample
 
 log = logging.getLogger("malletrain.progress")
 
-EVENTS = ("start", "progress", "checkpoint", "exit")
+EVENTS = ("start", "progress", "checkpoint", "metric", "exit")
+FINAL_REASONS = ("done", "pruned", "failed")     # an exit record with one of these: the job is over
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
 
 
@@ -276,7 +280,7 @@ class ProgressTail:
             if rec["event"] == "start":
                 st.done = False
             elif rec["event"] == "exit":     # final only when it names this job (not a stale file's)
-                st.done = rec["reason"] == "done" and rec["job"] == job_id
+                st.done = rec["reason"] in FINAL_REASONS and rec["job"] == job_id
             elif rec["event"] == "progress" and rec["step_s"] is not None:
                 st.step_s = rec["step_s"]
             if rec["event"] == "progress" and rec["nodes"] >= 1:

@@ -10,7 +10,7 @@ State table of a tagged job that Slurm reports as ended:
 Slurm state / last progress record     what happens
 =====================================  ===========================================
 any, and an ``exit`` record with       finished: nothing to do
-``"reason": "done"``
+``reason`` done, pruned or failed
 CANCELLED                              its owner (or an admin) cancelled it: left
 DEADLINE                               its owner's ``--deadline`` passed: left (a
                                        requeued run would be cancelled again)

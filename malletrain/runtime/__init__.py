@@ -3,6 +3,10 @@
 Public API: :class:`Runtime`, :class:`RuntimeConfig`, :func:`discover` and
 :class:`CheckpointStore`.  Needs the ``train`` extra (torch); everything is
 imported lazily so that the daemon never pays for torch.
+
+The room imports ``domain``, and ``campaign`` only for a campaign trial's reports to its
+study (:class:`malletrain.campaign.trial.Reporter`, found through ``MALLETRAIN_TRIAL`` on the
+first :meth:`Runtime.report`).
 """
 from malletrain.runtime.checkpoint import CheckpointStore
 from malletrain.runtime.config import RuntimeConfig

@@ -56,8 +56,8 @@ log = logging.getLogger("malletrain.runtime")
 EXIT_STOPPED = 3
 
 # extra columns after the flattened gradient in each exchanged row
-LOSS, STOP, FORCE, CKPT = range(4)
-EXTRA = 4
+LOSS, STOP, FORCE, CKPT, PRUNE = range(5)
+EXTRA = 5
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,11 @@ class Runtime:
         self.metrics = MetricsWriter(cfg.metrics_path if self.info.rank == 0 else None,
                                      base=base, min_interval_s=cfg.report_s)
         self.step = 0
-        self.stopped: str | None = None       # None | "signal" | "forced"
+        self.stopped: str | None = None       # None | "signal" | "forced" | "pruned"
         self.finished = False
+        self._total_steps: int | None = None
+        self._prune = False                   # this rank heard the pruner say stop
+        self._reporter: Any = None            # a campaign trial's study (rank 0), found on the first report
         self._step_times: list[float] = []
         self._last_ckpt_t = time.monotonic()
         self._saved_step = -1
@@ -231,6 +234,7 @@ class Runtime:
     # ---- the loop ----------------------------------------------------------------------
     def steps(self, total_steps: int):
         """Yield the step number until ``total_steps`` are done or a stop is agreed."""
+        self._total_steps = total_steps
         while self.step < total_steps and self.stopped is None:
             yield self.step
         if self.stopped is None and self.step >= total_steps:
@@ -253,14 +257,46 @@ class Runtime:
             self._step_times = self._step_times[-20:]
         return res
 
-    def _local_flags(self) -> tuple[float, float, float]:
+    def _local_flags(self) -> tuple[float, float, float, float]:
         ckpt = 0.0
         if self.info.rank == 0:
             every, every_s = self.cfg.checkpoint_every_steps, self.cfg.checkpoint_every_s
             if (every and (self.step + 1) % every == 0) or \
                     (every_s and time.monotonic() - self._last_ckpt_t >= every_s):
                 ckpt = 1.0
-        return float(self.stop.requested), float(self.stop.forced), ckpt
+        return float(self.stop.requested), float(self.stop.forced), ckpt, float(self._prune)
+
+    # ---- validation --------------------------------------------------------------------
+    def report(self, value: float, **fields: float) -> bool:
+        """Record a validation ``value`` (and any ``fields``, e.g. ``val_loss``) at the current
+        step: a ``metric`` progress record.  In a campaign trial (``MALLETRAIN_TRIAL``), rank 0
+        also reports it to the study, in the campaign's step unit (global steps, samples or
+        epochs: the same at any node count), and when the pruner says stop, every process stops
+        at the next step boundary (the verdict rides with the step's data, as a stop signal does)
+        and :meth:`close` exits 0 with reason ``pruned``: the trial is over, its nodes free.
+        Returns whether a stop for pruning is pending.  Reporting the same step again after a
+        requeue is harmless (the study keeps the first value)."""
+        value = float(value)
+        extra = {k: float(v) for k, v in fields.items()}
+        prune = False
+        last = self._total_steps is not None and self.step >= self._total_steps
+        if self.info.rank == 0 and not last and not self._prune:
+            reporter = self._trial_reporter()
+            if reporter is not None:
+                epochs = self.step // self.per_epoch if self.per_epoch else 0
+                prune = reporter.report(value, steps=self.step, samples=self.samples, epochs=epochs)
+        self.metrics.record("metric", step=self.step, samples=self.samples, step_s=0.0, value=value,
+                            prune=prune, **extra)
+        if prune:
+            log.warning("step %d: the campaign's pruner stops this trial (value %g)", self.step, value)
+            self._prune = True
+        return self._prune
+
+    def _trial_reporter(self):
+        if self._reporter is None:
+            from malletrain.campaign.trial import Reporter
+            self._reporter = Reporter.from_env() or False
+        return self._reporter or None
 
     def _flatten_into(self, row) -> None:
         if all(p.grad is not None for p in self.params):
@@ -295,7 +331,7 @@ class Runtime:
         rng_start = {w: self.rng[w] for w in self.mine}
         for i, w in enumerate(self.mine):
             if self.stop.forced:
-                flags = (1.0, 1.0, flags[2])
+                flags = (1.0, 1.0, flags[2], flags[3])
                 break
             if i:
                 with torch.no_grad():
@@ -317,7 +353,7 @@ class Runtime:
         else:
             gathered = [torch.empty_like(rows) for _ in range(self.info.world)]
             dist.all_gather(gathered, rows)
-        stop, force, ckpt = torch.cat([g[:, n + STOP:n + EXTRA] for g in gathered]).amax(0).tolist()
+        stop, force, ckpt, prune = torch.cat([g[:, n + STOP:n + EXTRA] for g in gathered]).amax(0).tolist()
         if force:
             with torch.no_grad():
                 for b, s in zip(self.buffers, snap):
@@ -336,7 +372,7 @@ class Runtime:
         if m:
             _unpack(self.buffers, gathered[r0][i0, n + EXTRA:])
         self._apply()
-        self._after_step(stop=bool(stop), forced=False, ckpt=bool(ckpt))
+        self._after_step(stop=bool(stop), forced=False, ckpt=bool(ckpt), prune=bool(prune))
         return StepResult(self.step, float(acc[n + LOSS]), True)
 
     def _tolerant_step(self, loss_fn, flags) -> StepResult:
@@ -364,7 +400,8 @@ class Runtime:
             return StepResult(self.step, float("nan"), False)
         self._set_grads(flat[:n])
         self._apply()
-        self._after_step(stop=bool(flat[n + STOP] > 0), forced=False, ckpt=bool(flat[n + CKPT] > 0))
+        self._after_step(stop=bool(flat[n + STOP] > 0), forced=False, ckpt=bool(flat[n + CKPT] > 0),
+                         prune=bool(flat[n + PRUNE] > 0))
         return StepResult(self.step, float(flat[n + LOSS]), True)
 
     def _apply(self) -> None:
@@ -374,8 +411,10 @@ class Runtime:
         self._clear_grads()
         self.step += 1
 
-    def _after_step(self, *, stop: bool, forced: bool, ckpt: bool) -> None:
-        if stop:
+    def _after_step(self, *, stop: bool, forced: bool, ckpt: bool, prune: bool = False) -> None:
+        if prune and not (self._total_steps is not None and self.step >= self._total_steps):
+            self.stopped = "pruned"           # over for good: no checkpoint, the nodes go at once
+        elif stop:
             self.stopped = "forced" if forced else "signal"
             self.checkpoint()
         elif ckpt:
@@ -455,12 +494,14 @@ class Runtime:
     def close(self) -> int:
         """Final checkpoint, exit record, leave the process group.
 
-        Returns the exit status for the script: 0, or :data:`EXIT_STOPPED` when a stop
-        signal ended the run before its last step (the job must be requeued)."""
+        Returns the exit status for the script: 0 (done, or pruned: the trial is over), or
+        :data:`EXIT_STOPPED` when a stop signal ended the run before its last step (the job must
+        be requeued)."""
         if self.stopped is None:
             self.checkpoint()
         since = self.stop.since_s()
         reason = "done" if self.finished else (self.stopped or "closed")
+        pruned = self.stopped == "pruned"
         if since is not None:
             verdict = "within" if since <= self.cfg.grace_s else "OVER"
             log.warning("stop: %s -> checkpoint of step %d and exit %.2fs after the signal "
@@ -475,7 +516,7 @@ class Runtime:
         if self.pg is not None:
             dist.destroy_process_group()
             self.pg = None
-        return EXIT_STOPPED if self.stopped is not None else 0
+        return EXIT_STOPPED if self.stopped is not None and not pruned else 0
 
 
 def _cpu_rng(st: dict) -> dict:
