@@ -34,6 +34,18 @@ fixed: {steps: 10}
 """
 
 
+@pytest.mark.parametrize("name", ["optuna-digits.yaml", "nas-nsga2-digits.yaml"])
+def test_shipped_study_examples_load_and_ask(name, tmp_path):
+    import dataclasses
+
+    from malletrain.campaign.study import open_study
+    spec = campaign.load_spec(os.path.join(EXAMPLES, name))
+    assert spec.study and spec.command[-1] == os.path.join(EXAMPLES, "digits_train.py")
+    spec = dataclasses.replace(spec, dir=str(tmp_path / "c"))
+    asked = open_study(spec).ask()
+    assert asked.params["steps"] == 300 and set(spec.space) <= set(asked.params)
+
+
 @pytest.mark.parametrize("name", ["hpo-digits.yaml", "nas-digits.yaml"])
 def test_shipped_examples_load(name):
     spec = campaign.load_spec(os.path.join(EXAMPLES, name))
