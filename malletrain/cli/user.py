@@ -211,32 +211,10 @@ def cmd_campaign(args) -> int:
     if args.campaign_command == "submit":
         make_dir(spec.dir, "campaign directory")
         make_dir(metrics_dir)
-        from malletrain.slurm.submit import profile_name, submit_job
-        job = spec.job
-        runner = _runner(cfg)
-
-        def submit_one(name: str, command: list[str], token: str) -> str:
-            jid = submit_job(
-                runner, cfg.slurm.partition, command, token=token, metrics_dir=metrics_dir, name=name,
-                min_nodes=job.get("min_nodes", 1), max_nodes=job.get("max_nodes", 4),
-                gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", profile_name(spec.name)),
-                time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
-                rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
-                launch=job.get("launch", "srun"))
-            say(f"{name}: job {jid}", file=sys.stderr)
-            return jid
-
-        from malletrain.slurm.submit import find_token
-        queued = None
-        try:
-            queued = set(runner.read(["squeue", "-h", "-a", "-o", "%i"]).split())
-        except Exception as exc:   # noqa: BLE001 - without the queue nothing is resubmitted
-            say(f"malletrain: warning: cannot list the queue ({exc}); not resubmitting lost trials",
-                  file=sys.stderr)
+        submit_one, find, queued = _trial_submitter(spec, cfg, metrics_dir)
         trials = campaign.submit_campaign(
             spec, submit_one, lambda i: uuid.uuid4().hex[:16], queued=queued,
-            find_token=lambda token: find_token(runner, token, cfg.slurm.partition),
-            say=lambda msg: say(msg, file=sys.stderr))
+            find_token=find, say=lambda msg: say(msg, file=sys.stderr))
         say(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
               f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0
@@ -282,14 +260,14 @@ def _trial_submitter(spec, cfg: Config, metrics_dir: str):
         queued = set(runner.read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i"]).split())
     except Exception as exc:   # noqa: BLE001 - without the queue no job is judged gone
         say(f"malletrain: warning: cannot list the queue ({exc}); no trial job is judged gone", file=sys.stderr)
-    return submit_one, (lambda token: find_token(runner, token, cfg.slurm.partition)), queued, runner
+    return submit_one, (lambda token: find_token(runner, token, cfg.slurm.partition)), queued
 
 
 def _campaign_tick(spec, study, submit: dict, say_fn=None):
     """Queue a study campaign's next trial jobs with the settings its first submit recorded."""
     from malletrain.campaign import slots
     cfg = _config(submit.get("config"))
-    submit_one, find, queued, _ = _trial_submitter(spec, cfg, submit["metrics_dir"])
+    submit_one, find, queued = _trial_submitter(spec, cfg, submit["metrics_dir"])
     python = submit.get("python") or sys.executable
     return slots.tick(spec, study, submit_one=submit_one, new_token=lambda: uuid.uuid4().hex[:16],
                       slot_command=lambda slot: [python, "-m", "malletrain", "campaign", "trial", spec.dir, slot],
