@@ -45,7 +45,7 @@ LEDGER = "campaign.json"
 FROZEN = "spec.json"
 LOCK = "campaign.lock"
 ENDS = ("done", "pruned", "failed", "void")
-_CLOSED = {"complete": "done", "pruned": "pruned", "failed": "failed"}
+END_OF = {"complete": "done", "pruned": "pruned", "failed": "failed"}   # a closed trial's state -> its slot's end
 
 
 # ---- files -------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool) -> str
             return slot["end"]
         number = slot["trial"]
         state = {t.number: t.state for t in study.trials()}.get(number)
-        end = _CLOSED.get(state or "")
+        end = END_OF.get(state or "")
         if end is None and not stopped:
             values, final = read_values(spec, number)
             if rc == 0 and final and values is not None:
@@ -261,7 +261,7 @@ def tick(spec: Spec, study, *, submit_one: Submit, slot_command: Callable[[str],
                 found = find_token(s["token"])
                 s.update(job=found, submitting=False)
                 save_ledger(spec.dir, led)
-            end = _CLOSED.get(states.get(s["trial"], "")) if s["trial"] is not None else None
+            end = END_OF.get(states.get(s["trial"], "")) if s["trial"] is not None else None
             if end is None and s["job"] and queued is not None and s["job"] not in queued:
                 if s["trial"] is None:
                     end = "void"

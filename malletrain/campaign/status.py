@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+from malletrain.campaign.slots import END_OF
 from malletrain.campaign.spec import Spec
 from malletrain.domain.text import shown
 
@@ -106,7 +107,7 @@ def study_rows(spec: Spec, slot_records: list[dict], views: list,
         if s["end"] == "void":
             state = "void"
         elif v is not None and v.state != "running":
-            state = {"complete": "done"}.get(v.state, v.state)
+            state = END_OF.get(v.state, v.state)
         elif slurm is not None:
             state = slurm
         else:
@@ -116,7 +117,7 @@ def study_rows(spec: Spec, slot_records: list[dict], views: list,
                      "failures": s.get("failures", 0), "step": v.last_step if v else None,
                      "rung": rung(spec, v.last_step) if v else None,
                      "value": v.last_value if v else None, "values": values, "final": bool(values),
-                     "params": {k: x for k, x in (v.params if v else {}).items()}})
+                     "params": dict(v.params) if v else {}})
     done = [r for r in rows if r["values"] is not None and r["state"] == "done"]   # a pruned trial keeps its last value
     best = None
     if done:

@@ -41,7 +41,6 @@ ENV_DIR = "MALLETRAIN_TRIAL"
 ENV_NUMBER = "MALLETRAIN_TRIAL_NUMBER"
 EXIT_STOPPED = 3        # the runtime's "checkpointed on a signal, not finished" (the job runs again)
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
-_END_REASON = {"done": "done", "pruned": "pruned", "failed": "failed", "complete": "done"}
 
 
 class Reporter:
@@ -115,7 +114,7 @@ def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], obje
     if bound.state != "running":
         log.info("trial %d is already closed (%s): nothing to run", bound.number, bound.state)
         if first:
-            exit_record(_END_REASON.get(bound.state, "done"), env)
+            exit_record(slots.END_OF.get(bound.state, "done"), env)
             if slots.close_out(spec, slot_id, study, rc=0, stopped=False) is not None:
                 _tick(ticker, spec, study)
         return 0

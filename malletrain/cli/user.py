@@ -221,15 +221,7 @@ def cmd_campaign(args) -> int:
     if not st["trials"]:
         raise InputError("nothing submitted yet: run `malletrain campaign submit` first",
                          path=campaign.state_path(spec))
-    states = {}
-    try:
-        out = _runner(cfg).read(["squeue", "-h", "-a", "-o", "%i|%T|%D"])
-        for line in out.splitlines():
-            parts = line.split("|")
-            if len(parts) == 3:
-                states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
-    except Exception as exc:   # noqa: BLE001 - status still shows files when Slurm is away
-        say(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+    states = _job_states(cfg)
     rows = campaign.status_rows(spec, st["trials"], states, metrics_dir)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -237,6 +229,22 @@ def cmd_campaign(args) -> int:
         for line in campaign.format_status(spec, rows):
             say(line)
     return 0
+
+
+def _job_states(cfg: Config) -> dict[str, tuple[str, int]]:
+    """Job id -> (state, node count) of the caller's own jobs ({} when Slurm cannot be asked:
+    a campaign's status still shows its files and study)."""
+    states: dict[str, tuple[str, int]] = {}
+    try:
+        out = _runner(cfg).read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i|%T|%D"])
+    except Exception as exc:   # noqa: BLE001 - status goes on without Slurm's states
+        say(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+        return states
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3:
+            states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
+    return states
 
 
 def _trial_submitter(spec, cfg: Config, metrics_dir: str):
@@ -303,15 +311,7 @@ def _study_campaign(args, spec, cfg: Config, metrics_dir: str) -> int:
             f"the study for its parameters when it starts and queues the next when it ends. "
             f"`malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0
-    states = {}
-    try:
-        out = _runner(cfg).read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i|%T|%D"])
-        for line in out.splitlines():
-            parts = line.split("|")
-            if len(parts) == 3:
-                states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
-    except Exception as exc:   # noqa: BLE001 - status still shows the study when Slurm is away
-        say(f"malletrain: warning: no job states from Slurm ({exc})", file=sys.stderr)
+    states = _job_states(cfg)
     rows = study_rows(spec, slots.load_ledger(spec.dir)["slots"], study.trials(), states)
     if args.json:
         print(json.dumps(rows, indent=1))

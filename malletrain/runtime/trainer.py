@@ -279,8 +279,7 @@ class Runtime:
         value = float(value)
         extra = {k: float(v) for k, v in fields.items()}
         prune = False
-        last = self._total_steps is not None and self.step >= self._total_steps
-        if self.info.rank == 0 and not last and not self._prune:
+        if self.info.rank == 0 and not self._at_end and not self._prune:
             reporter = self._trial_reporter()
             if reporter is not None:
                 epochs = self.step // self.per_epoch if self.per_epoch else 0
@@ -291,6 +290,11 @@ class Runtime:
             log.warning("step %d: the campaign's pruner stops this trial (value %g)", self.step, value)
             self._prune = True
         return self._prune
+
+    @property
+    def _at_end(self) -> bool:
+        """The last step of :meth:`steps` is done (a trial that got there is not pruned)."""
+        return self._total_steps is not None and self.step >= self._total_steps
 
     def _trial_reporter(self):
         if self._reporter is None:
@@ -412,7 +416,7 @@ class Runtime:
         self.step += 1
 
     def _after_step(self, *, stop: bool, forced: bool, ckpt: bool, prune: bool = False) -> None:
-        if prune and not (self._total_steps is not None and self.step >= self._total_steps):
+        if prune and not self._at_end:
             self.stopped = "pruned"           # over for good: no checkpoint, the nodes go at once
         elif stop:
             self.stopped = "forced" if forced else "signal"
