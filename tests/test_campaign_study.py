@@ -174,3 +174,10 @@ def test_a_lock_held_by_a_process_killed_with_sigkill_is_broken_after_its_grace(
         holder.kill()
         holder.wait(timeout=30)
     assert [t.state for t in Study(spec).trials()] == ["complete"]
+
+
+def test_without_optuna_a_study_is_a_clear_error(tmp_path, monkeypatch):
+    """The hpo extra missing: an InputError that says what to install (exit 2), no traceback."""
+    monkeypatch.setitem(sys.modules, "optuna", None)      # import optuna -> ImportError
+    with pytest.raises(InputError, match=r"malletrain\[hpo\]"):
+        Study(_spec(tmp_path))

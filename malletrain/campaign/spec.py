@@ -31,8 +31,8 @@ Relative paths in ``command`` and ``dir`` are relative to the spec file.
 ``<dir>/study.journal`` (``optuna-dashboard <dir>/study.journal`` shows it).
 ``submit`` queues ``max_concurrent`` trial jobs; each asks the study for its
 parameters when it starts (later trials learn from earlier ones), reports its
-validation metric through the runtime (``Runtime.report``), stops at once when
-the pruner says so, and when it ends queues the next trial job: no process of
+validation metric through the runtime (``Runtime.report``), stops at the next
+step when the pruner says so, and when it ends queues the next trial job: no process of
 yours stays on the login node.  ``status`` shows each trial's rung, pruned,
 failed or done and the best so far (and does what an ended job could not).
 

@@ -103,9 +103,14 @@ class Study:
     """A campaign's study (see the module docstring).  Opening creates it if needed."""
 
     def __init__(self, spec: StudySpec) -> None:
-        import optuna
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+        try:
+            import optuna
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+        except ImportError:
+            raise InputError("a campaign with a sampler is an Optuna study: install the hpo extra "
+                             "(pip install 'malletrain[hpo]'; scripts/env.sh dev has it), or use "
+                             "search: random|grid") from None
 
         _check(spec)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
