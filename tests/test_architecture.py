@@ -28,7 +28,7 @@ ALLOWED = {
     "daemon": {"domain", "core", "slurm"},
     "runtime": {"domain", "campaign"},     # a trial's reports to its study (campaign.trial)
     "campaign": {"domain"},
-    "bench": {"domain", "core", "milp", "replay", "daemon"},
+    "bench": {"domain", "core", "milp", "replay", "daemon", "campaign"},   # campaign: the study adapter
     "cli": set(ROOMS),
 }
 # the pure core: standard-library modules it may use (no I/O, no clock), and numpy's arithmetic ...

@@ -64,6 +64,7 @@ class StudySpec:
     max_resource: int | None = None
     reduction_factor: int = 3
     lock_grace_s: int = 30
+    in_memory: bool = False     # no journal: a study that lives in this process only (campaign replay)
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,14 @@ class Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.spec = spec
         self._optuna = optuna
-        os.makedirs(spec.directory, mode=0o700, exist_ok=True)
-        path = journal_path(spec.directory)
-        lock = JournalFileSymlinkLock(path, grace_period=spec.lock_grace_s)
-        self._storage = JournalStorage(JournalFileBackend(path, lock_obj=lock))
+        self._storage: Any
+        if spec.in_memory:
+            self._storage = optuna.storages.InMemoryStorage()
+        else:
+            os.makedirs(spec.directory, mode=0o700, exist_ok=True)
+            path = journal_path(spec.directory)
+            lock = JournalFileSymlinkLock(path, grace_period=spec.lock_grace_s)
+            self._storage = JournalStorage(JournalFileBackend(path, lock_obj=lock))
         directions = list(spec.directions)
         self._study = optuna.create_study(
             study_name=spec.name, storage=self._storage, sampler=_sampler(spec), pruner=_pruner(spec),

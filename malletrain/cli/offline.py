@@ -180,6 +180,34 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     help="run every row with seeds 0..K-1 and print mean ± sd (default 1)")
     bq.add_argument("--json", action="store_true", help="print JSON only")
 
+    bn = bsub.add_parser("campaign", help="a NAS-Bench-201 campaign on a trace's idle nodes: random search, "
+                                          "ASHA, ASHA with promise-aware allocation",
+                         description="Replay an Optuna campaign of NAS-Bench-201 cells (CIFAR-100, no training: "
+                                     "the table and a stated, seeded learning-curve model) on the idle nodes of "
+                                     "a trace, through the decision core, in three modes: random-full (random "
+                                     "search, every trial to the end), asha (with Optuna's ASHA pruner) and "
+                                     "asha-promise (ASHA, and each user's nodes re-split by how many rungs its "
+                                     "trials survived).  Prints, per mode and seed, the time until a complete "
+                                     "trial is within --target points of the table's best, and the node-hours "
+                                     "spent on trials that were pruned.  Needs the nasbench and hpo extras.")
+    bn.set_defaults(run=cmd_bench_campaign)
+    bn.add_argument("--trace", required=True, help="node-event CSV(.gz), SWF log, or sacct export")
+    bn.add_argument("--nodes", type=NODES, help="first N distinct nodes in trace order")
+    bn.add_argument("--start", type=time_arg, help="replay from TIME (ISO-8601 or epoch)")
+    bn.add_argument("--end", type=time_arg, help="replay until TIME")
+    bn.add_argument("--modes", default="random-full,asha,asha-promise", help="comma-separated (default: all three)")
+    bn.add_argument("--seeds", type=positive(int, 100), default=3, metavar="K", help="seeds 0..K-1 (default 3)")
+    bn.add_argument("--max-concurrent", type=positive(int, 10_000), default=64,
+                    help="trial jobs queued at once (default 64)")
+    bn.add_argument("--max-nodes", type=positive(int, 16), default=4, help="each trial's max_nodes (default 4)")
+    bn.add_argument("--min-resource", type=positive(int, 199), default=2, help="epochs to the first rung (default 2)")
+    bn.add_argument("--reduction-factor", type=bounded(int, 2, 10), default=3, help="η (default 3)")
+    bn.add_argument("--target", type=bounded(float, 0, 100), default=1.0,
+                    help="found: a complete trial within this many points of the table's best (default 1)")
+    bn.add_argument("--interval", type=INTERVAL, default=30.0, metavar="S",
+                    help="decide at least every S seconds (default 30)")
+    bn.add_argument("--json", action="store_true", help="print JSON only")
+
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
                          description="Run N real daemon cycles against the cluster the config names "
                                      "(benchmarks/slurm.sh sets up the local one).")
@@ -236,6 +264,20 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
                   end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
                   progress=not args.json, bound=args.bound, clairvoyant=args.clairvoyant,
                   plain=args.plain, seeds=args.seeds, planned_lead_s=args.planned_lead).emit(args.json)
+    return 0
+
+
+def cmd_bench_campaign(args: argparse.Namespace) -> int:
+    from malletrain.bench.campaign import MODES, CampaignSetup, bench_campaign
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise InputError(f"--modes: {clipped(', '.join(bad) or args.modes)} is not a list of: {', '.join(MODES)}")
+    setup = CampaignSetup(max_concurrent=args.max_concurrent, max_nodes=args.max_nodes,
+                          min_resource=args.min_resource, reduction_factor=args.reduction_factor,
+                          target_points=args.target)
+    bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start, end=args.end,
+                   setup=setup, interval_s=args.interval, progress=not args.json).emit(args.json)
     return 0
 
 

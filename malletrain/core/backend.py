@@ -68,9 +68,12 @@ class Backend(Protocol):
 
 
 class MetricsSource(Protocol):
-    """Throughput samples the observed jobs reported since the last poll, and the rescale
-    pauses measured since (for the rescale-cost learner)."""
+    """Throughput samples the observed jobs reported since the last poll, the rescale pauses
+    measured since (for the rescale-cost learner), and the promise each campaign trial's study
+    reported last (jobs that reported none are absent)."""
 
     def poll(self, observation: Observation) -> Sequence[Sample]: ...
 
     def pauses(self) -> Sequence[PauseSample]: ...
+
+    def promises(self) -> Mapping[str, float]: ...

@@ -115,6 +115,8 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     t0 = time.perf_counter()
     curves = source.curves(obs.snapshot)
     outlook = forecast.outlook(obs.snapshot) if forecast is not None else NO_OUTLOOK
+    if config.promise and (promise := metrics.promises()):
+        outlook = replace(outlook, promise=promise)
     if memo is not None and obs.generation is not None:
         cur = tuple(curves.items())
         if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)

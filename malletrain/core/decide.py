@@ -19,6 +19,9 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    (count-based: DP/MILP/greedy, valued by :mod:`malletrain.core.objective` with
    the :class:`Outlook`'s learned pauses and node stays; ``bftrainer``: its
    per-node MILP; ``static``: fixed size, FIFO).
+   With ``promise`` on, an owner whose jobs report different promises (campaign trials: how
+   many pruning rungs each survived) has the nodes the allocator gave its jobs re-split among
+   them, each valued times its promise (:func:`_by_promise`); no other owner's count changes.
 5. Counts become nodes (:mod:`malletrain.core.placement`: longest predicted
    stays to growing jobs) and every job gets an :class:`Action` with a reason: a
    :class:`ReasonCode` and the detail.
@@ -197,10 +200,14 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
         objective, solver = alloc.objective, alloc.solver
         notes.extend(alloc.notes)
+        sizes = dict(alloc.sizes)
+        promoted = (_by_promise(problem, sizes, outlook.promise, free_jobs, method, config, notes)
+                    if config.promise and outlook.promise else {})
         for j in free_jobs:
-            t, n = alloc.sizes.get(j.job_id, (None, 0))
+            t, n = sizes.get(j.job_id, (None, 0))
             targets[j.job_id] = (t, n)
-            reasons[j.job_id] = _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook))
+            reasons[j.job_id] = (promoted.get(j.job_id)
+                                 or _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook)))
 
     exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
     alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
@@ -359,6 +366,67 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
                              ch.node_types, ch.current_size) if ch.job_id in protected else ch
                    for ch in choices]
     return Problem(tuple(choices), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
+
+
+MIN_PROMISE, MAX_PROMISE = 1e-3, 1e3     # a reported promise is clamped here (it is the owner's word)
+
+
+def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], promise: Mapping[str, float],
+                jobs: Sequence[JobState], method: str, cfg: CoreConfig, notes: list[str]) -> dict[str, Reason]:
+    """Re-split each owner's nodes among that owner's jobs by their promise (changes ``sizes``).
+
+    The allocation above is left as it is for every owner whose jobs all report the same promise
+    (1 when they report none).  For an owner whose jobs differ, the nodes the allocation gave that
+    owner's jobs (per node type) are allocated again among those jobs alone, each job's value of a
+    size times its promise over the mean promise of the owner's jobs.  What other owners' jobs get
+    is the allocation's, whatever an owner reports: a promise can only reorder its own jobs."""
+    owner_of = {j.job_id: _owner(j) for j in jobs}
+    groups: dict[str, list[JobChoice]] = {}
+    for ch in problem.jobs:
+        groups.setdefault(owner_of[ch.job_id], []).append(ch)
+    reasons: dict[str, Reason] = {}
+    for choices in groups.values():
+        ps = [min(MAX_PROMISE, max(MIN_PROMISE, promise.get(ch.job_id, 1.0))) for ch in choices]
+        if len(choices) < 2 or max(ps) == min(ps):
+            continue
+        cap: Counter = Counter()
+        for ch in choices:
+            t, n = sizes.get(ch.job_id, (None, 0))
+            if t is not None and n:
+                cap[t] += n
+        if not cap:
+            continue
+        mean = sum(ps) / len(ps)
+        scaled = [JobChoice(ch.job_id, tuple(Option(o.size, o.value * p / mean) if o.size else o for o in ch.options),
+                            ch.node_types, ch.current_size) for ch, p in zip(choices, ps)]
+        if any(o.size == 0 and o.value < 0 for ch in scaled for o in ch.options):    # protected jobs (starvation_s)
+            penalty = 2.0 * sum(max((abs(o.value) for o in ch.options if o.size), default=0.0) for ch in scaled) + 1.0
+            scaled = [JobChoice(ch.job_id, tuple(Option(0, -penalty) if o.size == 0 and o.value < 0 else o
+                                                 for o in ch.options), ch.node_types, ch.current_size)
+                      for ch in scaled]
+        sub = allocate(Problem(tuple(scaled), {t: cap.get(t, 0) for t in problem.capacity}),
+                       method=method, time_limit_s=cfg.time_limit_s)
+        notes.extend(sub.notes)
+        total = sum(cap.values())
+        for ch, p in zip(choices, ps):
+            old, new = sizes.get(ch.job_id, (None, 0)), sub.sizes.get(ch.job_id, (None, 0))
+            sizes[ch.job_id] = new
+            if new[1] != old[1]:
+                reasons[ch.job_id] = (ReasonCode.PROMISE,
+                                      f"{_verb(ch.current_size, new[1])}: its owner's {total} nodes re-split "
+                                      f"by promise ({p:.3g}; the owner's {len(ps)} jobs' mean {mean:.3g}), "
+                                      f"{old[1]} without")
+    return reasons
+
+
+def _verb(c: int, n: int) -> str:
+    if c == n:
+        return f"keep {n}" if n else "wait"
+    if c == 0:
+        return f"start on {n}"
+    if n == 0:
+        return f"stop ({c}→0)"
+    return f"{'grow' if n > c else 'shrink'} {c}→{n}"
 
 
 def _exposure(jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, int]],

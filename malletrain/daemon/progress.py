@@ -6,7 +6,9 @@ A job appends JSON lines to the file named by ``MALLETRAIN_METRICS``::
      "world": 8, "nodes": 2, "node": "n3", "event": "progress", "restart": 1}
 
 ``samples`` is cumulative; ``event`` is ``start``, ``progress``, ``checkpoint``,
-``metric`` (a validation value: read past, its value is not used here) or ``exit`` (an
+``metric`` (a validation value: not used here; its ``promise``, a number in [0.001, 1000] a
+campaign trial writes — η^k after surviving k pruning rungs — is handed to the core, where it
+only reorders its owner's own jobs) or ``exit`` (an
 ``exit`` whose ``reason`` is ``done`` is the job's final result; ``pruned`` — a campaign's
 pruner stopped the trial — and ``failed`` — the trial used up its campaign's retries — end the
 job for good the same way: it is not requeued).
@@ -108,6 +110,7 @@ class TailState:
     run: tuple | None = None     # (restart, nodes) of the last progress record's run
     new_runs: list = field(default_factory=list)   # (restart, nodes, t) of runs first seen this poll
     measured: float | None = None   # hold_s of the size change whose pause was measured from this file
+    promise: float | None = None    # the last ``metric`` record's promise (a campaign trial's rungs survived)
 
 
 @dataclass
@@ -128,6 +131,7 @@ MAX_SAMPLES = 1e18
 MAX_RESTART = 10**9
 MIN_RATE = 1e-9           # samples/s; slower is not a measurement (and 1/rate must stay finite)
 MAX_STEP_S = 1e6
+MIN_PROMISE, MAX_PROMISE = 1e-3, 1e3   # a metric record's promise outside this is not read (core.decide clamps too)
 
 
 def _number(value: object, lo: float, hi: float, *, integer: bool = False) -> float | None:
@@ -249,7 +253,7 @@ class ProgressTail:
     def _parse(self, job_id: str, st: TailState, got: Fetched, max_nodes: int, max_lines: int) -> TailRead:
         if got.inode != st.inode or got.start != st.offset:     # new, replaced or truncated
             st.offset, st.inode, st.last, st.done, st.step_s = got.start, got.inode, None, False, 0.0
-            st.run, st.new_runs = None, []
+            st.run, st.new_runs, st.promise = None, [], None
         chunk = got.data
         eof = got.start + len(chunk) >= got.size
         end = chunk.rfind(b"\n")
@@ -277,6 +281,8 @@ class ProgressTail:
                 continue
             st.records += 1
             records += 1
+            if rec["event"] == "metric" and rec["promise"] is not None:
+                st.promise = rec["promise"]
             if rec["event"] == "start":
                 st.done = False
             elif rec["event"] == "exit":     # final only when it names this job (not a stale file's)
@@ -338,11 +344,13 @@ class ProgressTail:
         if t is None or samples is None or nodes is None or restart is None:
             return None
         step_s = _number(rec.get("step_s"), 0.0, MAX_STEP_S)
+        promise = _number(rec.get("promise"), MIN_PROMISE, MAX_PROMISE)
         job = rec.get("job")
         return {"event": rec.get("event", "progress"), "job": job if isinstance(job, str) else None,
                 "t": float(t), "samples": float(samples),
                 "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason"),
-                "step_s": None if step_s is None else float(step_s)}
+                "step_s": None if step_s is None else float(step_s),
+                "promise": None if promise is None else float(promise)}
 
     @staticmethod
     def _sample(job_id: str, st: TailState, rec: dict) -> Sample | None:
@@ -368,7 +376,7 @@ class ProgressTail:
     # persistence (the daemon's store saves and restores these)
     def dump(self) -> dict:
         return {p: [s.offset, s.inode, list(s.last) if s.last else None, s.done,
-                    list(s.run) if s.run else None, s.measured] for p, s in self.files.items()}
+                    list(s.run) if s.run else None, s.measured, s.promise] for p, s in self.files.items()}
 
     def load(self, data: dict) -> None:
         for p, entry in data.items():
@@ -379,6 +387,9 @@ class ProgressTail:
                 if len(rest) >= 3:   # the run last read and the change measured (so a restart measures nothing twice)
                     st.run = tuple(int(x) for x in rest[1]) if rest[1] else None
                     st.measured = float(rest[2]) if rest[2] is not None else None
+                if len(rest) >= 4:   # the last promise read
+                    promise = _number(rest[3], MIN_PROMISE, MAX_PROMISE)
+                    st.promise = None if promise is None else float(promise)
                 self.files[p] = st
             except (TypeError, ValueError):
                 log.warning("stored offset of %s unreadable; reading that file from the start", p)
@@ -423,6 +434,16 @@ class ProgressSource:
     def step_s(self, job: str) -> float:
         st = self._state(job)
         return st.step_s if st else 0.0
+
+    def promises(self) -> dict[str, float]:
+        """The promise each job whose file is read reported last (campaign trials; bounded when
+        read).  It only re-splits its owner's nodes among the owner's jobs (core.decide)."""
+        out = {}
+        for job in self._paths:
+            st = self._state(job)
+            if st is not None and st.promise is not None:
+                out[job] = st.promise
+        return out
 
     def pauses(self) -> tuple[PauseSample, ...]:
         """Rescale pauses measured since the last call."""

@@ -66,6 +66,7 @@ class ReasonCode(enum.Enum):
     GAVE_UP = "gave-up"                  # held for good: failed more than max_failures times
     FINISHED = "finished"                # cancel: its work ended 'done' as it was being stopped or preempted
     STARVING = "starving"                # start at min_nodes: it waited starvation_s while others ran
+    PROMISE = "promise"                  # its owner's nodes, re-split among the owner's jobs by their promise
 
 
 class ActionKind(enum.Enum):
@@ -189,13 +190,17 @@ STAYING = Stay(1.0, 0.0)
 @dataclass(frozen=True)
 class Outlook:
     """Predictions the shell hands ``decide`` beside the snapshot (pure values, no models):
-    learned rescale costs per job and predicted stays per node.  A job or node missing here
-    falls back to its spec's pauses or to 'stays the whole horizon'."""
+    learned rescale costs per job, predicted stays per node, and the promise campaign trials
+    report.  A job or node missing here falls back to its spec's pauses or to 'stays the whole
+    horizon' (and a job without a promise counts 1)."""
 
     costs: Mapping[str, RescaleCost] = field(default_factory=dict)
     stays: Mapping[str, Stay] = field(default_factory=dict)
     # jobs found sensitive to slow nodes / to spanning topology groups (placement favours them)
     sensitive: Mapping[str, float] = field(default_factory=dict)
+    # what a campaign trial's own study says of it (its job's ``metric`` records, bounded): 1 = no
+    # evidence, η^k = it survived k halvings; it only re-splits its owner's nodes among the owner's jobs
+    promise: Mapping[str, float] = field(default_factory=dict)
 
 
 NO_OUTLOOK = Outlook()

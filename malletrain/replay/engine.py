@@ -18,8 +18,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -56,6 +57,21 @@ class ReplayOptions:
     planned_lead_s: float | None = None
     # node -> (topology group, slowdown): the site's per-node facts (nodes.py; none: all alike)
     node_info: Mapping[str, tuple[str, float]] | None = None
+
+
+class Unfolding(Protocol):
+    """A workload that unfolds as the replay runs (a campaign: each trial is asked when a slot
+    frees, a pruner ends trials early).  :meth:`step` is called at every instant the replay
+    stops at, after completions and node events and before admissions: it may end jobs
+    (``sim.end``), set their promise (``sim.promise``) and returns the jobs submitted now.
+    :meth:`next_s` is the next instant it needs to look (a trial reaching a rung), ``over``
+    ends the replay."""
+
+    over: bool
+
+    def step(self, sim: SimCluster, t: float) -> Sequence[WorkloadJob]: ...
+
+    def next_s(self, sim: SimCluster) -> float: ...
 
 
 @dataclass
@@ -149,26 +165,36 @@ def check_options(trace: NodeTrace, opts: ReplayOptions) -> None:
         raise InputError(f"must be >= 1, got {opts.max_jobs!r}", field="max_jobs")
 
 
-def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOptions) -> ReplayResult:
+def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOptions,
+               unfolding: Unfolding | None = None) -> ReplayResult:
     check_options(trace, opts)
     wall0 = time.perf_counter()
     core = opts.core
-    specs, truths, works, arrivals, pauses, users = {}, {}, {}, [], {}, {}
+    specs: dict[str, JobSpec] = {}
+    truths: dict = {}
+    works: dict[str, float] = {}
+    pauses: dict[str, tuple[float, float]] = {}
+    extra: dict[str, tuple[float, float]] = {}
+    arrivals: list[JobSpec] = []
     guess = opts.rescale_guess if core.policy in GUESSING_POLICIES else None
-    for w in workload:
-        t = w.submit if w.submit_is_absolute else trace.start_s + w.submit
+
+    def register(w: WorkloadJob, t: float) -> JobSpec:
         up, down = guess if guess is not None else (w.rescale_up_s, w.rescale_down_s)
         spec = JobSpec(w.name, w.min_nodes, w.max_nodes, up, down,
                        w.profile, max(t, trace.start_s), w.name, w.user, w.work)
         specs[w.name], truths[w.name], works[w.name] = spec, w.truth, w.work
         pauses[w.name] = (w.rescale_up_s, w.rescale_down_s)
-        users[w.name] = w.user or "\0" + w.name
+        extra[w.name] = (w.sensitivity, w.topology_penalty)
+        return spec
+
+    for w in workload:
+        t = w.submit if w.submit_is_absolute else trace.start_s + w.submit
+        spec = register(w, t)
         if t < trace.end_s:
             arrivals.append(spec)
     arrivals.sort(key=lambda s: (s.submit_s, s.job_id))
     sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise,
                      node_info=opts.node_info)
-    extra = {w.name: (w.sensitivity, w.topology_penalty) for w in workload}
     source = CurveSource(core, truths)
     forecast = ForecastSource(core, {j: RescaleCost(*p) for j, p in pauses.items()})
     order = node_order(trace)
@@ -209,13 +235,16 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
     t = trace.start_s
     try:
         while True:
-            active = bool(sim.jobs) or bool(waiting)
+            unfolds = unfolding is not None and not unfolding.over
+            active = bool(sim.jobs) or bool(waiting) or unfolds
             if not active and a_i >= len(arrivals):
                 break  # nothing left to schedule; idle_node_s is computed from the trace
             t_ev = times[ev] if ev < n_ev else math.inf
             t_arr = arrivals[a_i].submit_s if a_i < len(arrivals) else math.inf
             t_tick = next_tick if active else math.inf
             t_next = min(t_ev, t_arr, sim.next_completion(), t_tick)
+            if unfolding is not None and unfolds:
+                t_next = min(t_next, max(t, unfolding.next_s(sim)))
             if t_next >= trace.end_s:
                 sim.advance(trace.end_s)
                 break
@@ -243,6 +272,10 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
             while a_i < len(arrivals) and arrivals[a_i].submit_s <= t:
                 waiting.append(arrivals[a_i])
                 a_i += 1
+            if unfolding is not None and unfolds:
+                waiting.extend(register(w, t) for w in unfolding.step(sim, t))
+                if unfolding.over:
+                    break
             while waiting and (opts.max_jobs is None or len(sim.jobs) < opts.max_jobs):
                 spec = waiting.pop(0)
                 sim.admit(spec, truths[spec.job_id], works[spec.job_id], pauses[spec.job_id],

@@ -8,7 +8,8 @@ Semantics (issue #2 / DESIGN.md):
 * a node taken back by the primary scheduler shrinks its job at once, or
   stops it if it falls below ``min_nodes`` — a preemption; the job's pause
   (``rescale_down_s`` at its old rate) is counted as lost work;
-* a job completes when its ``work`` is done;
+* a job completes when its ``work`` is done, or ends early when a campaign's pruner stops it
+  (:meth:`SimCluster.end`: its nodes free at once);
 * every pause (start, grow, shrink, preemption) is measured by the job and
   reported once it is over (:meth:`SimCluster.pauses`), with the same relative
   noise as its throughput samples: the rescale-cost learner's input.
@@ -96,6 +97,7 @@ class SimCluster:
         self._pauses: list[tuple[float, PauseSample]] = []   # (when it is over, the measurement)
         self._finished: list[str] = []
         self.generation = 0   # bumped by every change decide() could see
+        self.promise: dict[str, float] = {}   # what campaign trials report of themselves (a driver sets it)
         self._pool_nodes: tuple[Node, ...] | None = None   # tuple(pool.values()) while the pool is unchanged
 
     def _node(self, name: str, window_end_s: float | None = None) -> Node:
@@ -154,9 +156,21 @@ class SimCluster:
                 self.generation += 1
                 self._release(job)
                 self.done_jobs[jid] = self.jobs.pop(jid)
+                self.promise.pop(jid, None)
                 self._finished.append(jid)
                 out.append(jid)
         return out
+
+    def end(self, jid: str) -> None:
+        """The job ends on its own before its work is done (a campaign's pruner stopped it): its
+        nodes are free at once, nothing is lost, it is not run again."""
+        job = self.jobs.pop(jid)
+        job.completed_at = self.now
+        self.generation += 1
+        self._release(job)
+        self.promise.pop(jid, None)
+        self.done_jobs[jid] = job
+        self._finished.append(jid)
 
     # -- primary workload ------------------------------------------------
     def set_node(self, name: str, busy: bool, window_end_s: float | None = None) -> str | None:
@@ -255,6 +269,10 @@ class SimCluster:
         """The samples :meth:`report_samples` collected since the last poll."""
         out, self._samples = tuple(self._samples), []
         return out
+
+    def promises(self) -> dict[str, float]:
+        """The promise each admitted job reported last (set by a campaign driver)."""
+        return {j: p for j, p in self.promise.items() if j in self.jobs}
 
     def pauses(self) -> tuple[PauseSample, ...]:
         """The pauses that ended by now (a job measures its pause when it resumes)."""

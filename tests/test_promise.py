@@ -1,0 +1,180 @@
+"""Promise-aware allocation (#24 step 4): a campaign trial's reported promise re-splits its owner's
+nodes among the owner's own jobs, and nothing else.
+
+The core (decide), the daemon's progress reader (bounded, untrusted records, persisted offsets), the
+runtime's reporter (η^k after k rungs survived) and the replay's metrics source.
+"""
+import json
+import math
+import os
+
+import pytest
+
+from malletrain.core.decide import decide
+from malletrain.domain.config import CoreConfig
+from malletrain.domain.model import Curve, CurvePoint, JobSpec, JobState, Node, Outlook, ReasonCode, Snapshot
+
+
+def curve(f, counts=range(1, 17)):
+    return Curve({n: CurvePoint(f(n), f(n), f(n)) for n in counts}, None, "oracle")
+
+
+def job(jid, owner, held=(), hi=4):
+    return JobState(JobSpec(jid, 1, hi, owner=owner), tuple(held), "gpu" if held else None, 0.0, None)
+
+
+def sizes(plan):
+    return {j: len(n) for j, n in plan.allocations.items()}
+
+
+def by_owner(plan, jobs):
+    owner = {j.job_id: j.spec.owner for j in jobs}
+    out: dict[str, int] = {}
+    for j, n in sizes(plan).items():
+        out[owner[j]] = out.get(owner[j], 0) + n
+    return out
+
+
+CONCAVE = lambda n: 100.0 * n / (1 + 0.2 * (n - 1))      # noqa: E731
+STEEP = lambda n: 120.0 * n / (1 + 0.05 * (n - 1))       # noqa: E731: scales better
+
+
+def _case():
+    # alice's two trials and bob's job on 7 nodes: the samples objective favours alice's
+    # better-scaling trial a1; her study says a2 survived more rungs
+    jobs = [job("a1", "alice"), job("a2", "alice"), job("b", "bob")]
+    curves = {"a1": curve(STEEP), "a2": curve(CONCAVE), "b": curve(CONCAVE)}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(7)), tuple(jobs))
+    return jobs, curves, snap
+
+
+def test_promise_reorders_only_its_owners_jobs():
+    jobs, curves, snap = _case()
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    told = decide(snap, curves, cfg, Outlook(promise={"a2": 27.0}))
+    assert sizes(plain)["a1"] > sizes(plain)["a2"]           # without promise: the better scaler first
+    assert sizes(told)["a2"] > sizes(told)["a1"]             # with: the trial that survived 3 rungs
+    assert by_owner(told, jobs) == by_owner(plain, jobs)     # alice's total and bob's share unchanged
+    assert sizes(told)["b"] == sizes(plain)["b"]
+    reasons = {a.job_id: a for a in told.actions}
+    assert reasons["a2"].code is ReasonCode.PROMISE and "promise" in reasons["a2"].reason
+    assert reasons["b"].code is not ReasonCode.PROMISE
+
+
+def test_a_huge_promise_cannot_take_another_users_nodes():
+    """Mallory claims the largest promise the reader passes for one job and the smallest for the
+    other: her total is what it was, Alice's job keeps every node it had."""
+    jobs = [job("m1", "mallory", hi=8), job("m2", "mallory", hi=8), job("a", "alice", hi=8)]
+    curves = {"m1": curve(CONCAVE), "m2": curve(CONCAVE), "a": curve(CONCAVE)}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(9)), tuple(jobs))
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    for claim in ({"m1": 1e3, "m2": 1e-3}, {"m1": math.inf, "m2": -5.0}, {"m1": math.nan, "m2": 1e300}):
+        told = decide(snap, curves, cfg, Outlook(promise=claim))
+        assert sizes(told)["a"] == sizes(plain)["a"]
+        assert by_owner(told, jobs) == by_owner(plain, jobs)
+
+
+def test_equal_promises_or_promise_off_leave_the_plan_as_it_was():
+    jobs, curves, snap = _case()
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    assert decide(snap, curves, cfg, Outlook(promise={"a1": 9.0, "a2": 9.0})) == plain
+    assert decide(snap, curves, CoreConfig(policy="oracle", promise=False), Outlook(promise={"a2": 27.0})) == plain
+
+
+def test_a_job_alone_or_without_a_promise_counts_as_one():
+    jobs, curves, snap = _case()
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    assert decide(snap, curves, cfg, Outlook(promise={"b": 1e3})) == plain      # bob's only job
+    assert decide(snap, curves, cfg, Outlook(promise={"a1": 1.0})) == plain     # a2 reports none: 1 too
+
+
+# ---------------------------------------------------------------------------- the daemon reads it
+
+def _tail_read(tmp_path, lines):
+    from malletrain.daemon.progress import ProgressTail
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" if not isinstance(x, str) else x + "\n" for x in lines))
+    tail = ProgressTail()
+    tail.poll("7", str(path))
+    return tail, str(path)
+
+
+def _metric(promise, t=1.0):
+    return {"t": t, "job": "7", "step": 10, "samples": 640, "event": "metric", "value": 0.5, "promise": promise}
+
+
+def test_the_reader_keeps_the_last_promise_in_range_and_persists_it(tmp_path):
+    from malletrain.daemon.progress import ProgressTail
+    tail, path = _tail_read(tmp_path, [_metric(3.0), _metric(9.0, 2.0), _metric(1e9, 3.0), _metric("27", 4.0),
+                                       _metric(True, 5.0), _metric(float("nan"), 6.0),
+                                       {"t": 7.0, "event": "progress", "samples": 700, "nodes": 1, "promise": 81}])
+    assert tail.files[path].promise == 9.0          # out of range, not a number, or not a metric: not read
+    again = ProgressTail()
+    again.load(json.loads(json.dumps(tail.dump())))
+    assert again.files[path].promise == 9.0
+    old = tail.dump()
+    old[path] = old[path][:6]                        # a store written before promises were kept
+    again = ProgressTail()
+    again.load(old)
+    assert again.files[path].promise is None
+
+
+def test_a_replaced_file_forgets_the_promise(tmp_path):
+    tail, path = _tail_read(tmp_path, [_metric(27.0)])
+    assert tail.files[path].promise == 27.0
+    os.unlink(path)
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"t": 9.0, "event": "start", "samples": 0}) + "\n")
+    tail.poll("7", path)
+    assert tail.files[path].promise is None
+
+
+def test_the_progress_source_hands_promises_of_the_jobs_it_reads(tmp_path):
+    from malletrain.core.backend import JobFacts, Observation
+    from malletrain.daemon.progress import ProgressSource, ProgressTail
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(_metric(9.0)) + "\n")
+    src = ProgressSource(ProgressTail(roots=(str(tmp_path),)))
+    facts = JobFacts("p", user="me", progress_path=str(path), uid=os.getuid(), state="RUNNING")
+    obs = Observation(Snapshot(10.0, (), (job("7", "me"),)), facts={"7": facts})
+    src.poll(obs)
+    assert src.promises() == {"7": 9.0}
+    src.poll(Observation(Snapshot(20.0, (), ()), finished=("7",)))
+    assert src.promises() == {}
+
+
+# ------------------------------------------------------------------------- the runtime writes it
+
+@pytest.mark.parametrize("pruner,epochs,want", [("asha", 1, 1.0), ("asha", 2, 3.0), ("asha", 5, 3.0),
+                                                ("asha", 6, 9.0), ("asha", 54, 81.0), ("hyperband", 18, 27.0),
+                                                ("median", 54, None), ("none", 54, None)])
+def test_a_trial_reports_eta_to_the_rungs_it_survived(tmp_path, pruner, epochs, want):
+    from malletrain.campaign import slots
+    from malletrain.campaign.spec import load_spec
+    from malletrain.campaign.trial import Reporter
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(f"""name: p
+command: [python, train.py]
+space: {{lr: [0.1, 0.2]}}
+sampler: random
+trials: 4
+pruner: {{kind: {pruner}, min_resource: 2, reduction_factor: 3}}
+step_unit: epochs
+dir: {tmp_path / 'c'}
+""" if pruner != "none" else f"""name: p
+command: [python, train.py]
+space: {{lr: [0.1, 0.2]}}
+sampler: random
+trials: 4
+step_unit: epochs
+dir: {tmp_path / 'c'}
+""")
+    spec = load_spec(str(spec_file))
+    os.makedirs(spec.dir)
+    slots.freeze(spec)
+    rep = Reporter(spec.dir, 0)
+    assert rep.promise(steps=0, samples=0, epochs=epochs) == want
