@@ -34,7 +34,7 @@ fixed: {steps: 10}
 """
 
 
-@pytest.mark.parametrize("name", ["optuna-digits.yaml", "nas-nsga2-digits.yaml"])
+@pytest.mark.parametrize("name", ["optuna-digits.yaml", "nas-nsga2-digits.yaml", "demo-optuna.yaml"])
 def test_shipped_study_examples_load_and_ask(name, tmp_path):
     import dataclasses
 

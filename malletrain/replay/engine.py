@@ -316,8 +316,8 @@ def _record(sim: SimCluster, t: float, timeline: list, progress: dict, final: li
     thr = sum(j.rate for j in sim.jobs.values() if j.nodes and j.paused_until <= t)
     timeline.append((t, len(sim.pool), alloc, running, thr))
     done = sim.done_jobs
-    fresh = list(done.items())[final[0]:] if len(done) > final[0] else []
-    final[0] = len(done)
+    fresh = [(jid, done[jid]) for jid in sim.done_order[final[0]:]]
+    final[0] = len(sim.done_order)
     for jid, j in list(sim.jobs.items()) + fresh:
         series = progress.setdefault(jid, [])
         frac = j.done / j.work

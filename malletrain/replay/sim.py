@@ -89,6 +89,7 @@ class SimCluster:
         self.holder: dict[str, str] = {}
         self.jobs: dict[str, SimJob] = {}       # admitted, not completed (FIFO order)
         self.done_jobs: dict[str, SimJob] = {}
+        self.done_order: list[str] = []         # done_jobs' keys in the order they finished
         self.counters = Counters()
         self.rng = random.Random(seed)
         self.pause_rng = random.Random(seed + 7919)   # its own stream: pauses never shift the samples' noise
@@ -156,6 +157,7 @@ class SimCluster:
                 self.generation += 1
                 self._release(job)
                 self.done_jobs[jid] = self.jobs.pop(jid)
+                self.done_order.append(jid)
                 self.promise.pop(jid, None)
                 self._finished.append(jid)
                 out.append(jid)
@@ -170,6 +172,7 @@ class SimCluster:
         self._release(job)
         self.promise.pop(jid, None)
         self.done_jobs[jid] = job
+        self.done_order.append(jid)
         self._finished.append(jid)
 
     # -- primary workload ------------------------------------------------
