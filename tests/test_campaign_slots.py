@@ -178,10 +178,13 @@ def test_kill_9_between_ask_and_the_ledger_loses_nothing_and_breaks_no_cap(tmp_p
     died = subprocess.run([sys.executable, "-c", _BIND_AND_DIE, spec.dir], timeout=120)
     assert died.returncode == -signal.SIGKILL
     study = open_study(spec)
-    assert [v.state for v in study.trials()] == ["running"]     # asked, named by no job
+    orphan = study.trials()
+    assert [v.state for v in orphan] == ["running"]             # asked, named by no job
     b = slots.bind(spec, "s000", study)                         # the job starts again
     assert b.number == 1
-    assert [v.state for v in study.trials()] == ["failed", "running"]   # the orphan never ran
+    views = study.trials()
+    assert [v.state for v in views] == ["failed", "running"]   # the orphan never ran ...
+    assert views[1].params == orphan[0].params and views[1].retry_of == 0   # ... its parameters do
     slots.bind(spec, "s001", study)
     _finish(spec, 1, 0.9)
     slots.close_out(spec, "s000", study, rc=0, stopped=False)

@@ -36,15 +36,15 @@ def by_owner(plan, jobs):
 
 
 CONCAVE = lambda n: 100.0 * n / (1 + 0.2 * (n - 1))      # noqa: E731
-STEEP = lambda n: 120.0 * n / (1 + 0.05 * (n - 1))       # noqa: E731: scales better
 
 
 def _case():
-    # alice's two trials and bob's job on 7 nodes: the samples objective favours alice's
-    # better-scaling trial a1; her study says a2 survived more rungs
-    jobs = [job("a1", "alice"), job("a2", "alice"), job("b", "bob")]
-    curves = {"a1": curve(STEEP), "a2": curve(CONCAVE), "b": curve(CONCAVE)}
-    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(7)), tuple(jobs))
+    # alice's three trials and bob's job on 3 nodes, one node each: the samples objective runs
+    # a1 and a2 of alice's (the fastest); her study says a3 survived 3 rungs
+    rates = {"a1": 120.0, "a2": 100.0, "a3": 95.0, "b": 110.0}
+    jobs = [job(j, "bob" if j == "b" else "alice", hi=1) for j in rates]
+    curves = {j: curve(lambda n, r=r: r * n) for j, r in rates.items()}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(3)), tuple(jobs))
     return jobs, curves, snap
 
 
@@ -52,25 +52,38 @@ def test_promise_reorders_only_its_owners_jobs():
     jobs, curves, snap = _case()
     cfg = CoreConfig(policy="oracle")
     plain = decide(snap, curves, cfg)
-    told = decide(snap, curves, cfg, Outlook(promise={"a2": 27.0}))
-    assert sizes(plain)["a1"] > sizes(plain)["a2"]           # without promise: the better scaler first
-    assert sizes(told)["a2"] > sizes(told)["a1"]             # with: the trial that survived 3 rungs
-    assert by_owner(told, jobs) == by_owner(plain, jobs)     # alice's total and bob's share unchanged
-    assert sizes(told)["b"] == sizes(plain)["b"]
+    told = decide(snap, curves, cfg, Outlook(promise={"a3": 27.0}))
+    assert sizes(plain) == {"a1": 1, "a2": 1, "a3": 0, "b": 1}
+    assert sizes(told) == {"a1": 1, "a2": 0, "a3": 1, "b": 1}   # the trial that survived 3 rungs runs
+    assert by_owner(told, jobs) == by_owner(plain, jobs)         # alice's total and bob's share unchanged
     reasons = {a.job_id: a for a in told.actions}
-    assert reasons["a2"].code is ReasonCode.PROMISE and "promise" in reasons["a2"].reason
+    assert reasons["a3"].code is ReasonCode.PROMISE and "promising" in reasons["a3"].reason
+    assert reasons["a2"].code is ReasonCode.PROMISE
     assert reasons["b"].code is not ReasonCode.PROMISE
+
+
+def test_a_promise_buys_a_place_not_a_size():
+    """A promising trial that scales poorly is not grown at the cost of the owner's others."""
+    jobs = [job("a1", "alice", hi=4), job("a2", "alice", hi=4)]
+    curves = {"a1": curve(CONCAVE), "a2": curve(CONCAVE)}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(4)), tuple(jobs))
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    told = decide(snap, curves, cfg, Outlook(promise={"a1": 81.0}))
+    assert sizes(plain) == {"a1": 2, "a2": 2} and sizes(told) == sizes(plain)
 
 
 def test_a_huge_promise_cannot_take_another_users_nodes():
     """Mallory claims the largest promise the reader passes for one job and the smallest for the
     other: her total is what it was, Alice's job keeps every node it had."""
-    jobs = [job("m1", "mallory", hi=8), job("m2", "mallory", hi=8), job("a", "alice", hi=8)]
-    curves = {"m1": curve(CONCAVE), "m2": curve(CONCAVE), "a": curve(CONCAVE)}
+    jobs = [job("m1", "mallory", hi=8), job("m2", "mallory", hi=8), job("m3", "mallory", hi=1),
+            job("a", "alice", hi=8)]
+    curves = {"m1": curve(CONCAVE), "m2": curve(CONCAVE), "m3": curve(CONCAVE), "a": curve(CONCAVE)}
     snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(9)), tuple(jobs))
     cfg = CoreConfig(policy="oracle")
     plain = decide(snap, curves, cfg)
-    for claim in ({"m1": 1e3, "m2": 1e-3}, {"m1": math.inf, "m2": -5.0}, {"m1": math.nan, "m2": 1e300}):
+    for claim in ({"m1": 1e3, "m2": 1e-3}, {"m3": 1e3}, {"m1": math.inf, "m2": -5.0},
+                  {"m1": math.nan, "m2": 1e300}):
         told = decide(snap, curves, cfg, Outlook(promise=claim))
         assert sizes(told)["a"] == sizes(plain)["a"]
         assert by_owner(told, jobs) == by_owner(plain, jobs)

@@ -41,7 +41,7 @@ USER = "researcher"
 
 @dataclass(frozen=True)
 class CampaignSetup:
-    max_concurrent: int = 16       # trial jobs queued at once (the campaign's max_concurrent)
+    max_concurrent: int = 64       # trial jobs queued at once (the campaign's max_concurrent)
     max_nodes: int = 4             # each trial's max_nodes (min_nodes 1)
     min_resource: int = 2          # epochs to the first rung
     reduction_factor: int = 3      # η

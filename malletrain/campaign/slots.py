@@ -162,9 +162,9 @@ def bind(spec: Spec, slot_id: str, study) -> Bound:
             if slot["end"] is not None:
                 raise InputError(f"trial job {slot_id} ended ({slot['end']}) before it started")
             bound = {s["trial"] for s in led["slots"] if s["trial"] is not None}
-            for n, t in views.items():       # asked by a bind that died before it wrote the ledger
-                if t.state == "running" and n not in bound:
-                    study.failed(n)
+            for n, t in views.items():       # asked by a bind that died before it wrote the ledger:
+                if t.state == "running" and n not in bound:     # it never ran; its parameters are
+                    study.retry(n)                                # asked again (a grid point is not lost)
             asked = study.ask()
             d = trial_dir(spec.dir, asked.number)
             os.makedirs(d, mode=0o700, exist_ok=True)
