@@ -192,6 +192,53 @@ def test_kill_9_between_ask_and_the_ledger_loses_nothing_and_breaks_no_cap(tmp_p
     assert sum(v.state != "failed" for v in study.trials()) == 2
 
 
+_ASK_AND_DIE = """
+import os, sys
+from malletrain.campaign import slots, study as st
+spec = slots.thawed(sys.argv[1])
+real, calls = st._suggest, []
+def suggest(trial, key, dom):
+    calls.append(key)
+    if len(calls) == 2:
+        os.kill(os.getpid(), 9)      # kill -9 inside Optuna's ask: the trial has one parameter of two
+    return real(trial, key, dom)
+st._suggest = suggest
+slots.bind(spec, "s000", st.open_study(spec))
+"""
+
+
+@pytest.mark.parametrize("sampler", ["grid", "random"])
+def test_kill_9_inside_the_ask_loses_no_point_of_the_grid(tmp_path, sampler):
+    """A trial killed half-asked keeps one parameter of two.  The grid sampler refuses a queued
+    trial with some of its parameters, so the whole grid point is queued; another sampler gets
+    what the trial had and draws the rest."""
+    text = SPEC.replace("sampler: random", f"sampler: {sampler}").replace(
+        "lr: {log_uniform: [0.001, 0.1]}", "lr: [0.01, 0.1]").replace("trials: 5", "trials: 6")
+    spec = _spec(tmp_path, text)
+    sb = Sbatch()
+    _tick(spec, sb)
+    died = subprocess.run([sys.executable, "-c", _ASK_AND_DIE, spec.dir], timeout=120)
+    assert died.returncode == -signal.SIGKILL
+    study = open_study(spec)
+    (orphan,) = study.trials()
+    assert orphan.state == "running" and len(orphan.params) == 1
+    points = []
+    for k in range(6):                    # every trial job of the campaign starts and finishes
+        slot = _ledger(spec)[k]["id"] if k < len(_ledger(spec)) else None
+        if slot is None:
+            _tick(spec, sb, study=study)
+            slot = _ledger(spec)[k]["id"]
+        b = slots.bind(spec, slot, study)
+        points.append((b.params["lr"], b.params["width"]))
+        _finish(spec, b.number, 0.5)
+        slots.close_out(spec, slot, study, rc=0, stopped=False)
+    views = study.trials()
+    assert views[0].state == "failed" and views[1].retry_of == 0
+    assert points[0][0] == orphan.params["lr"]             # the half-asked trial's parameters, asked again
+    if sampler == "grid":
+        assert sorted(points) == sorted((lr, w) for lr in (0.01, 0.1) for w in (16, 32, 64))
+
+
 def test_kill_9_between_sbatch_and_the_ledger_finds_the_job_by_token(tmp_path):
     spec = _spec(tmp_path)
     sb = Sbatch()

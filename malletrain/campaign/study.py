@@ -187,8 +187,28 @@ class Study:
         if not self.failed(number):
             return False
         frozen = self._storage.get_trial(self._trial_id(number))
-        self._study.enqueue_trial(dict(frozen.params), user_attrs={"retry_of": number})
+        params = self._asked_params(frozen)
+        if params is not None:
+            self._study.enqueue_trial(params, user_attrs={"retry_of": number})
         return True
+
+    def _asked_params(self, frozen) -> dict | None:
+        """The parameters a trial was given, all of them when they can be known.  A process
+        killed while it was being asked leaves a trial with some parameters or none.  The grid
+        sampler fixed the trial's grid point when the trial was created (its ``grid_id``), and
+        the point gives them all.  Queueing some of them would make the grid sampler refuse
+        every later ask, so for the grid it is all or nothing (None: nothing queued).  Other
+        samplers draw the missing ones."""
+        params = dict(frozen.params)
+        if self.spec.sampler != "grid" or set(params) >= set(self.spec.space):
+            return params
+        grid = _sampler(self.spec)                  # the study's grid, in the order it was asked
+        gid = frozen.system_attrs.get("grid_id")
+        points, names = getattr(grid, "_all_grids", None), getattr(grid, "_param_names", None)
+        if not (isinstance(gid, int) and isinstance(points, list) and isinstance(names, list)
+                and 0 <= gid < len(points) and set(names) == set(self.spec.space)):
+            return None
+        return dict(zip(names, points[gid]))
 
     # -- reading ----------------------------------------------------------------------------
     def trials(self) -> list[TrialView]:
