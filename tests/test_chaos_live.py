@@ -1,17 +1,20 @@
 """Chaos on the real local Slurm cluster: nothing is lost, nothing runs twice.
 
-A campaign of 12 real PyTorch trials (the digits MLP, srun-launched, 1-2 nodes each) runs under
-the daemon while, from a seeded random schedule:
+An Optuna campaign (a grid of 12 real PyTorch trials of the digits MLP, srun-launched, 1-2 nodes
+each; ASHA at 4,000 steps; at most 6 trial jobs at once, each queueing the next as it ends) runs
+under the daemon while, from a seeded random schedule:
 
 * primary jobs preempt the harvest partition at random moments, some aimed at a trial's node in
   the first second after it started (before the training process is up);
 * the daemon is killed with SIGKILL at random points three times and started again;
 * slurmctld is stopped and started once;
-* the campaign driver (``malletrain campaign submit``) runs every 20 s, as a user's cron would.
+* trial processes are killed with SIGKILL while they hold the campaign's lock (asking the study
+  for a trial, closing one, queueing the next: reading and appending the study's journal);
+* ``malletrain campaign status`` runs every 20 s, as a user would.
 
-Every trial must end exactly once with its final result: ``campaign status`` shows 12/12 done
-with the final step and a metric, and over every job a trial ever had there is exactly one
-final ``done`` record.
+Every trial must end exactly once: ``campaign status`` shows 12 trials, each done or pruned,
+the 12 grid points each once; over every job a trial ever had, a done trial has exactly one
+final ``done`` record and a pruned one none; the study holds no other trial that ran.
 """
 from __future__ import annotations
 
@@ -60,6 +63,52 @@ def _ts(text: str) -> float:
     return time.mktime(time.strptime(text.rstrip("Z"), "%Y-%m-%dT%H:%M:%S"))
 
 
+class _LockKiller(threading.Thread):
+    """kill -9 of a trial process while it holds the campaign's lock (found in /proc/locks): at
+    most ``most`` times, never a process of the test's own (``campaign status``)."""
+
+    def __init__(self, lock_path: str, t0: float, most: int = 3) -> None:
+        super().__init__(daemon=True)
+        self.lock_path, self.t0, self.most = lock_path, t0, most
+        self.halt = threading.Event()
+        self.killed: list[tuple[float, int]] = []
+
+    def _holder(self, inode: int) -> int | None:
+        try:
+            with open("/proc/locks", encoding="ascii") as fh:
+                for line in fh:
+                    f = line.split()
+                    if len(f) > 5 and f[1] == "POSIX" and f[5].rsplit(":", 1)[-1] == str(inode):
+                        return int(f[4])
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def run(self) -> None:
+        while not self.halt.is_set() and len(self.killed) < self.most:
+            time.sleep(0.003)
+            try:
+                inode = os.stat(self.lock_path).st_ino
+            except OSError:
+                continue
+            pid = self._holder(inode)
+            if pid is None:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if b"trial" not in argv or b"campaign" not in argv:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.killed.append((time.time() - self.t0, pid))
+            time.sleep(2.0)
+
+
 class _Aimer(threading.Thread):
     """Aims a primary job at a trial's node as soon as a run of it starts (every second new
     run, at most four): preemption in the first second of a run, before training is up."""
@@ -101,7 +150,9 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
     spec = tmp_path / "chaos.yaml"
     spec.write_text(json.dumps({
         "name": "chaos", "kind": "hpo", "command": [sys.executable, EXAMPLE], "dir": "camp",
-        "search": "grid", "metric": "val_acc", "goal": "max",
+        "sampler": "grid", "trials": 12, "max_concurrent": 6, "retries": 1, "seed": 3,
+        "metric": "val_acc", "goal": "max", "step_unit": "steps",
+        "pruner": {"kind": "asha", "min_resource": 4000, "reduction_factor": 3},
         "space": {"lr": [0.02, 0.05, 0.1], "depth": [1, 2], "width": [16, 32]},
         "fixed": {"arch": "mlp", "steps": STEPS, "workers": 2, "micro_batch": 8, "eval_every": 4000,
                   "checkpoint_every_s": 1.0},
@@ -114,21 +165,21 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
         return subprocess.run([sys.executable, "-m", "malletrain", "campaign", *args, str(spec)],
                               env=env, capture_output=True, text=True, timeout=120)
 
-    trial_jobs: dict[str, set[str]] = {}
+    slot_jobs: dict[str, set[str]] = {}
 
     def note_jobs() -> None:
         try:
-            st = json.loads((camp / "campaign.json").read_text())
+            led = json.loads((camp / "campaign.json").read_text())
         except (OSError, ValueError):
             return
-        for t in st["trials"]:
-            if t.get("job"):
-                trial_jobs.setdefault(t["id"], set()).add(str(t["job"]))
+        for s in led["slots"]:
+            if s.get("job"):
+                slot_jobs.setdefault(s["id"], set()).add(str(s["job"]))
 
     out = campaign("submit")
     assert out.returncode == 0, out.stderr
     note_jobs()
-    assert len(trial_jobs) == 12
+    assert len(slot_jobs) == 6
 
     extra = {"daemon": {"retry_backoff_s": 2, "hang_floor_s": 120}}
     d = DaemonProc(tmp_path, cluster, extra=extra, vacate_lead_s=0).start()   # Slurm preempts
@@ -137,18 +188,23 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
     ctld_at = rng.uniform(30, 80)
     events: list[tuple[float, str]] = []
     primaries, driver_failures = 0, 0
-    aimer = _Aimer(cluster, lambda: {j for js in list(trial_jobs.values()) for j in js}, t0, t0 + 110, rng)
+    aimer = _Aimer(cluster, lambda: {j for js in list(slot_jobs.values()) for j in js}, t0, t0 + 110, rng)
     aimer.start()
+    locker = _LockKiller(str(camp / "campaign.lock"), t0)
+    locker.start()
     next_primary = t0 + rng.uniform(5, 12)
     next_driver = t0 + 20
     chaos_until = t0 + 110
+
+    def trials(rows: list[dict]) -> list[dict]:
+        return [r for r in rows if r["state"] != "void"]     # a job that left before it started: replaced
 
     def all_done() -> bool:
         out = campaign("status", "--json")
         if out.returncode != 0:
             return False
-        rows = json.loads(out.stdout)
-        return len(rows) == 12 and all(r["state"] == "done" for r in rows)
+        rows = trials(json.loads(out.stdout))
+        return len(rows) == 12 and all(r["state"] in ("done", "pruned") for r in rows)
 
     try:
         while True:
@@ -179,7 +235,7 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
                     events.append((now - t0, f"primary on {k} node(s)"))
                     next_primary = now + rng.uniform(6, 15)
             if now >= next_driver:
-                out = campaign("submit")          # fails while slurmctld is down: cron tries again
+                out = campaign("status")          # the user looks; it does the bookkeeping too
                 driver_failures += out.returncode != 0
                 next_driver = now + 20
                 note_jobs()
@@ -189,30 +245,52 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
             time.sleep(0.4)
     finally:
         aimer.halt.set()
+        locker.halt.set()
         d.stop()
     aimed = len(aimer.aimed)
     events += [(t, f"primary aimed at job {j} on {n} as it started") for t, j, n in aimer.aimed]
+    events += [(t, f"kill -9 of trial process {pid} holding the campaign lock") for t, pid in locker.killed]
     events.sort()
 
     # ------------------------------------------------ every trial exactly once, with its result
+    note_jobs()
     out = campaign("status", "--json")
-    rows = json.loads(out.stdout)
-    assert len(rows) == 12 and all(r["state"] == "done" for r in rows), rows
-    assert all(r["step"] == STEPS and r["metric"] is not None for r in rows), rows
+    rows = trials(json.loads(out.stdout))
+    assert len(rows) == 12 and all(r["state"] in ("done", "pruned") for r in rows), rows
+    assert len({r["trial"] for r in rows}) == 12
+    grid = {(lr, depth, width) for lr in (0.02, 0.05, 0.1) for depth in (1, 2) for width in (16, 32)}
+    assert {(r["params"]["lr"], r["params"]["depth"], r["params"]["width"]) for r in rows} == grid
+    from malletrain.campaign import slots
+    from malletrain.campaign.study import open_study
+    views = open_study(slots.thawed(str(camp))).trials()
+    ran = [v for v in views if v.state in ("complete", "pruned")]
+    assert sorted(v.number for v in ran) == sorted(r["trial"] for r in rows)
+    # asked by a bind killed before the ledger named it: its parameters were asked again, or it was
+    # killed before it had any (the grid point it would have had is still among the 12 above)
+    never_ran = [v for v in views if v.state == "failed"]
+    assert all(any(w.retry_of == v.number for w in views) or not v.params for v in never_ran), views
+    assert not [v for v in views if v.state in ("running", "waiting")], views
     metrics = camp / "metrics"
-    done_per_trial = {}
-    for trial, jobs in trial_jobs.items():
-        recs = [r for j in jobs for r in _records(str(metrics / f"{j}.jsonl"))]
-        done_per_trial[trial] = sum(1 for r in recs if r.get("event") == "exit" and r.get("reason") == "done")
-        result = json.loads((camp / trial / "ckpt" / "result.json").read_text())
-        assert result["final"] and result["step"] == STEPS, (trial, result)
+    done_per_trial, pruned = {}, 0
+    for r in rows:
+        jobs = {j for s, js in slot_jobs.items() if s == r["slot"] for j in js}
+        recs = [x for j in jobs for x in _records(str(metrics / f"{j}.jsonl"))]
+        dones = sum(1 for x in recs if x.get("event") == "exit" and x.get("reason") == "done")
+        if r["state"] == "pruned":
+            pruned += 1
+            assert dones == 0 and any(x.get("reason") == "pruned" for x in recs), (r, recs[-3:])
+            continue
+        done_per_trial[r["trial"]] = dones
+        result = json.loads((camp / f"t{r['trial']:03d}" / "ckpt" / "result.json").read_text())
+        assert result["final"] and result["step"] == STEPS, (r, result)
     if not all(n == 1 for n in done_per_trial.values()):
-        for trial, jobs in sorted(trial_jobs.items()):
+        for slot, jobs in sorted(slot_jobs.items()):
             for j in sorted(jobs):
-                print(trial, j, [(r.get("event"), r.get("restart"), r.get("reason"), r.get("step"))
-                                 for r in _records(str(metrics / f"{j}.jsonl")) if r.get("event") in ("start", "exit")])
+                print(slot, j, [(x.get("event"), x.get("restart"), x.get("reason"), x.get("step"))
+                                for x in _records(str(metrics / f"{j}.jsonl")) if x.get("event") in ("start", "exit")])
         print("\n".join(f"{t:6.1f}s {e}" for t, e in events))
     assert all(n == 1 for n in done_per_trial.values()), sorted(done_per_trial.items())
+    trial_jobs = slot_jobs
     # every run of a trial job prints a header line into its output file, and the time its step
     # exited; a run stopped within 5 s of its start was stopped in its first seconds (before the
     # training process was up: it wrote no 'start' record)
@@ -231,13 +309,16 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
                     early += m.group(1) != "0" and _ts(m.group(2)) - run[1] <= 5
                     run = None
     interrupted = runs - sum(len(js) for js in trial_jobs.values())
-    daemon_kills = sum(1 for _, e in events if e.startswith("kill"))
+    daemon_kills = sum(1 for _, e in events if e == "kill -9 daemon")
     assert daemon_kills == 3 and any(e == "slurmctld started" for _, e in events)
     assert interrupted >= 3, f"only {interrupted} trial runs were interrupted: the chaos did not happen"
     assert aimed >= 1 and early >= 1, (aimed, early, unborn)
+    assert locker.killed, "no trial process was killed while it held the campaign lock"
     report = {"seed": SEED, "trials": len(rows), "trials_done": sum(r["state"] == "done" for r in rows),
-              "trials_lost": sum(1 for n in done_per_trial.values() if n == 0),
-              "campaign_driver_runs_failed": driver_failures,
+              "trials_pruned": pruned, "trials_lost": sum(1 for n in done_per_trial.values() if n == 0),
+              "trials_asked_by_a_killed_bind": len(never_ran),
+              "trial_processes_killed_holding_the_lock": len(locker.killed),
+              "status_runs_failed": driver_failures,
               "final_results_per_trial": sorted(set(done_per_trial.values())),
               "primary_jobs": primaries + aimed, "aimed_at_starting_trials": aimed,
               "trial_runs": runs, "runs_interrupted": interrupted, "runs_stopped_within_5s_of_start": early,

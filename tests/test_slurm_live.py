@@ -586,10 +586,16 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
     by_lr = {v.params["lr"]: v for v in views}
     best = max((v for v in views if v.state == "complete"), key=lambda v: v.values[0])
     assert best.params["lr"] in (0.1, 0.08)
+    promised = []
     for s in slots_:        # one trial per job for its whole life; a pruned job exited 0, not requeued
         recs = metrics_records(tmp_path / "camp", s["job"])
         ends = [r["reason"] for r in recs if r["event"] == "exit"]
         assert ends and ends[-1] in ("done", "pruned"), (s, ends)
+        # what the daemon reads of the trial's standing: η^k after k rungs (20, 60 steps); the last
+        # step's report goes to no pruner and claims nothing
+        promised += [(r["step"], r.get("promise")) for r in recs if r["event"] == "metric" and not r["prune"]]
+    want = {20: 3.0, 40: 3.0, 60: 9.0, 80: 9.0, 100: None}
+    assert promised and all(p == want[step] for step, p in promised), promised
     st = cli("status")
     assert st.returncode == 0 and "Optuna grid" in st.stdout, st.stderr
     assert f"best so far: trial {best.number}" in st.stdout, st.stdout
