@@ -76,3 +76,5 @@ for lead in 60 300 900 1800; do
             | tee -a "$RES/planned-lead.txt"
     done
 done
+# Issue #24: a NAS-Bench-201 campaign on the Philly day and the Theta slice (random, ASHA, ASHA + promise).
+bash "$ROOT/benchmarks/campaign.sh"

@@ -115,3 +115,21 @@ def test_the_real_table_when_installed():
     assert len(t.cells) == 5 ** 6
     assert t.best == pytest.approx(73.49, abs=0.01) and t.within(1.0) == 22
     assert t.cell({f"Op{i}": "nor_conv_3x3" for i in range(6)}).key == "333333"
+
+
+def test_the_summary_says_which_figures_are_bounds():
+    from malletrain.bench.campaign import CampaignOutcome, _mean_h, _median_h, _ratios
+    day = 86400.0
+
+    def runs(mode, times):
+        return [CampaignOutcome(mode, i, reached_s=t, span_s=day) for i, t in enumerate(times)]
+    got = {"random-full": runs("random-full", [None, 36000.0, 72000.0]),
+           "asha": runs("asha", [7200.0, 14400.0, None]),
+           "asha-promise": runs("asha-promise", [3600.0, 14400.0, None])}
+    assert _mean_h(got["asha"]).startswith(">") and _median_h(got["asha"]) == "4.00 h"
+    assert _median_h(runs("x", [None, None, 3600.0])) == "not reached"
+    lines = _ratios(got)
+    assert "uncertain" in lines[0]                        # asha-promise itself missed a run
+    assert lines[3].strip() == "on the 2 seed(s) where both reached it: 1.20x"    # (7200+14400)/(3600+14400)
+    missed = {m: runs(m, [None, None]) for m in ("asha", "asha-promise")}
+    assert _ratios(missed) == ["neither asha-promise nor asha reached the target within the trace"]

@@ -202,7 +202,8 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = MODES, seeds: in
                       file=sys.stderr)
         outcomes[mode] = got
         reached = [o.reached_s for o in got if o.reached_s is not None]
-        lines.append(f"{mode:13s} to target: mean {_mean_h(got)} (reached {len(reached)}/{len(got)}), "
+        lines.append(f"{mode:13s} to target: mean {_mean_h(got)}, median {_median_h(got)} "
+                     f"(reached {len(reached)}/{len(got)}), "
                      f"per seed {', '.join(_hours(o.reached_s) for o in got)}; node-h on pruned trials "
                      f"{statistics.fmean(o.pruned_node_h for o in got):.1f} of "
                      f"{statistics.fmean(o.node_h for o in got):.1f}; trials asked "
@@ -226,6 +227,14 @@ def _mean_h(got: list[CampaignOutcome]) -> str:
     return f"{'>' if censored else ''}{statistics.fmean(_time(o) for o in got) / 3600:.2f} h"
 
 
+def _median_h(got: list[CampaignOutcome]) -> str:
+    """The median over seeds, a run that did not reach the target counting as later than any that
+    did (it is exact while fewer than half of the runs missed)."""
+    times = sorted(_time(o) if o.reached_s is not None else math.inf for o in got)
+    mid = statistics.median(times)
+    return "not reached" if math.isinf(mid) else f"{mid / 3600:.2f} h"
+
+
 def _hours(s: float | None) -> str:
     return "not reached" if s is None else f"{s / 3600:.2f} h"
 
@@ -238,7 +247,9 @@ def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
     mine = statistics.fmean(_time(o) for o in outcomes["asha-promise"])
     out = []
     for mode in ("random-full", "asha"):
-        if mode in outcomes and mine > 0:
+        if mode in outcomes and all(o.reached_s is None for o in outcomes[mode] + outcomes["asha-promise"]):
+            out.append(f"neither asha-promise nor {mode} reached the target within the trace")
+        elif mode in outcomes and mine > 0:
             other = outcomes[mode]
             bound = any(o.reached_s is None for o in other)
             worse = any(o.reached_s is None for o in outcomes["asha-promise"])
@@ -246,4 +257,10 @@ def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
             note = " (at least: some runs never reached it)" if bound and not worse else (
                 " (uncertain: asha-promise missed it in some runs)" if worse else "")
             out.append(f"asha-promise reaches the target {ratio:.2f}x sooner than {mode}{note}")
+            both = [(a.reached_s, b.reached_s) for a, b in zip(outcomes["asha-promise"], other)
+                    if a.reached_s is not None and b.reached_s is not None and a.seed == b.seed]
+            mine_both = sum(a for a, _ in both)
+            if both and mine_both > 0:
+                out.append(f"  on the {len(both)} seed(s) where both reached it: "
+                           f"{sum(b for _, b in both) / mine_both:.2f}x")
     return out
