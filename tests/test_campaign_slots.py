@@ -383,3 +383,32 @@ def test_each_process_opening_the_study_asks_new_parameters(tmp_path, sampler):
     got = [slots.bind(spec, f"s{i:03d}", open_study(spec)).params for i in range(6)]
     pairs = {(p["lr"], p["width"]) for p in got}
     assert len(pairs) == 6 if sampler == "grid" else len(pairs) >= 3
+
+
+_TRY_LOCK = """
+import fcntl, sys
+fd = open(sys.argv[1], "a")
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    sys.exit(1)
+"""
+
+
+def test_the_queue_is_listed_under_the_lock(tmp_path):
+    """Two trial jobs ending at once both tick: one waits for the other's lock, which submits a
+    successor meanwhile.  A queue listed before the wait lacks that job and would judge it gone
+    (void, replaced: one trial job too many; seen live).  Listed under the lock, it has it."""
+    spec = _spec(tmp_path)
+    sb = Sbatch()
+    _tick(spec, sb)
+    held = []
+
+    def listing():
+        r = subprocess.run([sys.executable, "-c", _TRY_LOCK, os.path.join(spec.dir, "campaign.lock")], timeout=60)
+        held.append(r.returncode == 1)
+        return set(sb.jobs)
+    t = slots.tick(spec, open_study(spec), submit_one=sb, slot_command=lambda s: ["run", s],
+                   new_token=lambda: os.urandom(6).hex(), queued=listing, find_token=sb.find)
+    assert held == [True] and t.submitted == ()
+    assert all(s["end"] is None for s in _ledger(spec))

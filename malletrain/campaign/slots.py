@@ -243,15 +243,20 @@ class Ticked:
 
 
 def tick(spec: Spec, study, *, submit_one: Submit, slot_command: Callable[[str], list[str]],
-         new_token: Callable[[], str], queued: set[str] | None,
+         new_token: Callable[[], str], queued: set[str] | Callable[[], set[str] | None] | None,
          find_token: Callable[[str], str | None] | None, say: Callable[[str], None] = lambda m: None) -> Ticked:
     """Close out what ended, then queue trial jobs up to ``max_concurrent`` live ones and
     ``trials`` in all.  ``queued``: the ids of the jobs Slurm still has (None: unknown; then no
-    job is judged gone).  Idempotent; safe to run from any process at any time."""
+    job is judged gone), or how to list them: then they are listed under the lock, after the
+    ledger is read.  A listing taken before the lock misses the jobs another process submitted
+    while this one waited, and would judge them gone.  Idempotent; safe to run from any
+    process at any time."""
     submitted: list[str] = []
     ended: list[tuple[str, str]] = []
     with locked(spec.dir):
         led = load_ledger(spec.dir)
+        if callable(queued):
+            queued = queued()
         slots = led["slots"]
         states = {t.number: t.state for t in study.trials()}
         for s in slots:

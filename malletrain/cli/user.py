@@ -211,7 +211,8 @@ def cmd_campaign(args) -> int:
     if args.campaign_command == "submit":
         make_dir(spec.dir, "campaign directory")
         make_dir(metrics_dir)
-        submit_one, find, queued = _trial_submitter(spec, cfg, metrics_dir)
+        submit_one, find, list_queue = _trial_submitter(spec, cfg, metrics_dir)
+        queued = list_queue()
         trials = campaign.submit_campaign(
             spec, submit_one, lambda i: uuid.uuid4().hex[:16], queued=queued,
             find_token=find, say=lambda msg: say(msg, file=sys.stderr))
@@ -248,7 +249,8 @@ def _job_states(cfg: Config) -> dict[str, tuple[str, int]]:
 
 
 def _trial_submitter(spec, cfg: Config, metrics_dir: str):
-    """(submit_one, find_token, queued ids or None) for a campaign's trial jobs, as their owner."""
+    """(submit_one, find_token, list_queue) for a campaign's trial jobs, as their owner:
+    ``list_queue()`` is the ids of the caller's jobs Slurm has now (None: unknown)."""
     from malletrain.slurm.submit import find_token, profile_name, submit_job
     runner = _runner(cfg)
     job = spec.job
@@ -263,23 +265,25 @@ def _trial_submitter(spec, cfg: Config, metrics_dir: str):
             launch=job.get("launch", "srun"))
         say(f"{name}: job {jid}", file=sys.stderr)
         return jid
-    queued = None
-    try:
-        queued = set(runner.read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i"]).split())
-    except Exception as exc:   # noqa: BLE001 - without the queue no job is judged gone
-        say(f"malletrain: warning: cannot list the queue ({exc}); no trial job is judged gone", file=sys.stderr)
-    return submit_one, (lambda token: find_token(runner, token, cfg.slurm.partition)), queued
+    def list_queue() -> set[str] | None:
+        try:
+            return set(runner.read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i"]).split())
+        except Exception as exc:   # noqa: BLE001 - without the queue no job is judged gone
+            say(f"malletrain: warning: cannot list the queue ({exc}); no trial job is judged gone",
+                file=sys.stderr)
+            return None
+    return submit_one, (lambda token: find_token(runner, token, cfg.slurm.partition)), list_queue
 
 
 def _campaign_tick(spec, study, submit: dict, say_fn=None):
     """Queue a study campaign's next trial jobs with the settings its first submit recorded."""
     from malletrain.campaign import slots
     cfg = _config(submit.get("config"))
-    submit_one, find, queued = _trial_submitter(spec, cfg, submit["metrics_dir"])
+    submit_one, find, list_queue = _trial_submitter(spec, cfg, submit["metrics_dir"])
     python = submit.get("python") or sys.executable
     return slots.tick(spec, study, submit_one=submit_one, new_token=lambda: uuid.uuid4().hex[:16],
                       slot_command=lambda slot: [python, "-m", "malletrain", "campaign", "trial", spec.dir, slot],
-                      queued=queued, find_token=find, say=say_fn or (lambda m: say(m, file=sys.stderr)))
+                      queued=list_queue, find_token=find, say=say_fn or (lambda m: say(m, file=sys.stderr)))
 
 
 def _study_campaign(args, spec, cfg: Config, metrics_dir: str) -> int:
