@@ -65,6 +65,10 @@ class Reporter:
     def unit(self) -> str:
         return self.spec.step_unit
 
+    def _position(self, steps: int, samples: int, epochs: int) -> int:
+        """Where the trial is, in the spec's ``step_unit``."""
+        return int({"steps": steps, "samples": samples, "epochs": epochs}[self.spec.step_unit])
+
     def promise(self, *, steps: int, samples: int, epochs: int) -> float | None:
         """What the daemon may read of this trial's standing after a report that did not prune
         it: η^k once it survived k rungs of a successive-halving pruner (asha, hyperband), 1
@@ -73,14 +77,13 @@ class Reporter:
         if self.spec.pruner not in ("asha", "hyperband") or len(self.spec.metrics) > 1:
             return None
         from malletrain.campaign.status import rung
-        position = {"steps": steps, "samples": samples, "epochs": epochs}[self.spec.step_unit]
-        k = rung(self.spec, int(position))
+        k = rung(self.spec, self._position(steps, samples, epochs))
         return float(self.spec.reduction_factor ** (k + 1 if k is not None else 0))
 
     def report(self, value: float, *, steps: int, samples: int, epochs: int) -> bool:
         if len(self.spec.metrics) > 1:       # Optuna prunes single-objective studies only
             return False
-        position = {"steps": steps, "samples": samples, "epochs": epochs}[self.spec.step_unit]
+        position = self._position(steps, samples, epochs)
         if self._study is None:
             if self._open is None:
                 from malletrain.campaign.study import open_study

@@ -253,13 +253,18 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed(flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated flag's values, each one of ``allowed`` and at least one (InputError)."""
+    got = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in got if x not in allowed]
+    if bad or not got:
+        raise InputError(f"{flag}: {clipped(', '.join(bad) or text)} is not a list of: {', '.join(allowed)}")
+    return got
+
+
 def cmd_bench_quality(args: argparse.Namespace) -> int:
     from malletrain.bench.quality import bench_quality
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad or not policies:
-        raise InputError(f"--policies: {clipped(', '.join(bad) or args.policies)} is not a list of: "
-                         f"{', '.join(POLICIES)}")
+    policies = list(_listed("--policies", args.policies, POLICIES))
     bench_quality(args.trace, args.workload, policies, nodes=args.nodes, start=args.start,
                   end=args.end, max_jobs=args.max_jobs, noise=args.noise, interval_s=args.interval,
                   progress=not args.json, bound=args.bound, clairvoyant=args.clairvoyant,
@@ -269,10 +274,7 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
 
 def cmd_bench_campaign(args: argparse.Namespace) -> int:
     from malletrain.bench.campaign import MODES, CampaignSetup, bench_campaign
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise InputError(f"--modes: {clipped(', '.join(bad) or args.modes)} is not a list of: {', '.join(MODES)}")
+    modes = _listed("--modes", args.modes, MODES)
     setup = CampaignSetup(max_concurrent=args.max_concurrent, max_nodes=args.max_nodes,
                           min_resource=args.min_resource, reduction_factor=args.reduction_factor,
                           target_points=args.target)

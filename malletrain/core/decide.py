@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
 from malletrain.core.placement import place
@@ -38,6 +39,8 @@ from malletrain.core.stays import StayMap
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
     DEFAULT_NODE_TYPE,
+    MAX_PROMISE,
+    MIN_PROMISE,
     NO_OUTLOOK,
     Action,
     ActionKind,
@@ -360,15 +363,19 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
     protected = {j.job_id for j in jobs if protect > 0 and j.nodes and j.last_change_s is not None
                  and snapshot.now_s - j.last_change_s < protect}
-    if protected:   # changed less than starvation_s ago: not stopped to make room for others
-        penalty = 2.0 * sum(max((abs(o.value) for o in ch.options), default=0.0) for ch in choices) + 1.0
-        choices = [JobChoice(ch.job_id, tuple(Option(0, -penalty) if o.size == 0 else o for o in ch.options),
-                             ch.node_types, ch.current_size) if ch.job_id in protected else ch
-                   for ch in choices]
-    return Problem(tuple(choices), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
+    # changed less than starvation_s ago: not stopped to make room for others
+    return Problem(_protect(choices, protected), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
 
 
-MIN_PROMISE, MAX_PROMISE = 1e-3, 1e3     # a reported promise is clamped here (it is the owner's word)
+def _protect(choices: Sequence[JobChoice], protected: AbstractSet[str]) -> tuple[JobChoice, ...]:
+    """Stopping a ``protected`` job costs more than every job's values together (its size 0 is
+    worth −(2·Σ max|value| + 1)): the allocator keeps it running whatever else it gains."""
+    if not protected:
+        return tuple(choices)
+    penalty = 2.0 * sum(max((abs(o.value) for o in ch.options if o.size), default=0.0) for ch in choices) + 1.0
+    return tuple(JobChoice(ch.job_id, tuple(Option(0, -penalty) if o.size == 0 else o for o in ch.options),
+                           ch.node_types, ch.current_size) if ch.job_id in protected else ch
+                 for ch in choices)
 
 
 def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], promise: Mapping[str, float],
@@ -404,12 +411,8 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
             continue
         mean = sum(ps) / len(ps)
         scaled = [_promised(ch, p / mean) for ch, p in zip(choices, ps)]
-        if any(o.size == 0 and o.value < 0 for ch in scaled for o in ch.options):    # protected jobs (starvation_s)
-            penalty = 2.0 * sum(max((abs(o.value) for o in ch.options if o.size), default=0.0) for ch in scaled) + 1.0
-            scaled = [JobChoice(ch.job_id, tuple(Option(0, -penalty) if o.size == 0 and o.value < 0 else o
-                                                 for o in ch.options), ch.node_types, ch.current_size)
-                      for ch in scaled]
-        sub = allocate(Problem(tuple(scaled), {t: cap.get(t, 0) for t in problem.capacity}),
+        protected = {ch.job_id for ch in scaled if any(o.size == 0 and o.value < 0 for o in ch.options)}
+        sub = allocate(Problem(_protect(scaled, protected), {t: cap.get(t, 0) for t in problem.capacity}),
                        method=method, time_limit_s=cfg.time_limit_s)
         notes.extend(sub.notes)
         total = sum(cap.values())

@@ -53,7 +53,7 @@ from typing import Protocol
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.files import Hanging, PathWorkers, Refused, TimedOut, open_as_owner
-from malletrain.domain.model import PauseSample, Sample
+from malletrain.domain.model import MAX_PROMISE, MIN_PROMISE, PauseSample, Sample
 
 log = logging.getLogger("malletrain.progress")
 
@@ -131,7 +131,6 @@ MAX_SAMPLES = 1e18
 MAX_RESTART = 10**9
 MIN_RATE = 1e-9           # samples/s; slower is not a measurement (and 1/rate must stay finite)
 MAX_STEP_S = 1e6
-MIN_PROMISE, MAX_PROMISE = 1e-3, 1e3   # a metric record's promise outside this is not read (core.decide clamps too)
 
 
 def _number(value: object, lo: float, hi: float, *, integer: bool = False) -> float | None:

@@ -204,6 +204,7 @@ class Outlook:
 
 
 NO_OUTLOOK = Outlook()
+MIN_PROMISE, MAX_PROMISE = 1e-3, 1e3    # a job's reported promise: the daemon reads none outside, decide clamps
 
 
 @dataclass(frozen=True)

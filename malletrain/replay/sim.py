@@ -153,19 +153,17 @@ class SimCluster:
             # Within 1 ms of work counts as done: epoch-sized clocks cannot
             # resolve smaller steps, and the loop would not advance.
             if job.work - job.done <= max(1e-9 * job.work, job.rate * 1e-3):
-                job.completed_at = self.now
-                self.generation += 1
-                self._release(job)
-                self.done_jobs[jid] = self.jobs.pop(jid)
-                self.done_order.append(jid)
-                self.promise.pop(jid, None)
-                self._finished.append(jid)
+                self._retire(jid)
                 out.append(jid)
         return out
 
     def end(self, jid: str) -> None:
         """The job ends on its own before its work is done (a campaign's pruner stopped it): its
         nodes are free at once, nothing is lost, it is not run again."""
+        self._retire(jid)
+
+    def _retire(self, jid: str) -> None:
+        """The job leaves now (done or ended): its nodes are free, it joins ``done_jobs``."""
         job = self.jobs.pop(jid)
         job.completed_at = self.now
         self.generation += 1
