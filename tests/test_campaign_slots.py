@@ -412,3 +412,37 @@ def test_the_queue_is_listed_under_the_lock(tmp_path):
                    new_token=lambda: os.urandom(6).hex(), queued=listing, find_token=sb.find)
     assert held == [True] and t.submitted == ()
     assert all(s["end"] is None for s in _ledger(spec))
+
+
+def test_several_objectives_close_with_every_value_and_status_shows_the_pareto_front(tmp_path):
+    """NSGA-II (val_acc up, parameter count down): a trial closes with both values read from its
+    result; status marks the trials no other beats in both (the Pareto front), not the best by the
+    first objective alone."""
+    from malletrain.campaign.status import format_study_status, study_rows
+    text = SPEC.replace("sampler: random", "sampler: nsga2").replace("metric: val_acc", "metric: [val_acc, params]") \
+        .replace("goal: max", "goal: [max, min]")
+    spec = _spec(tmp_path, text)
+    results = {0: (0.90, 1000), 1: (0.95, 5000), 2: (0.85, 2000), 3: (0.95, 4000), 4: (0.80, 500)}
+    sb = Sbatch()
+    _tick(spec, sb)
+    study = open_study(spec)
+    for _ in range(10):
+        live = [s for s in _ledger(spec) if s["end"] is None]
+        if not live:
+            break
+        for s in live:
+            b = slots.bind(spec, s["id"], study)
+            d = os.path.join(slots.trial_dir(spec.dir, b.number), "ckpt")
+            os.makedirs(d, exist_ok=True)
+            acc, size = results[b.number]
+            with open(os.path.join(d, "result.json"), "w") as fh:
+                json.dump({"val_acc": acc, "params": size, "final": True}, fh)
+            assert slots.close_out(spec, s["id"], study, rc=0, stopped=False) == "done"
+        _tick(spec, sb, study=study)
+    views = study.trials()
+    assert sorted((v.number, tuple(v.values)) for v in views) == sorted((n, v) for n, v in results.items())
+    rows = study_rows(spec, _ledger(spec), views, {})
+    assert sorted(r["trial"] for r in rows if r["best"]) == [0, 3, 4]       # 1 and 2 are dominated
+    summary = format_study_status(spec, rows)[-1]
+    assert "Pareto front (val_acc max, params min): trial" in summary, summary
+    assert sorted(int(x) for x in summary.split(": ")[1].split("   ")[0].replace("trial ", "").split(", ")) == [0, 3, 4]

@@ -606,6 +606,47 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
         "low_lr_pruned": sum(by_lr[lr].state == "pruned" for lr in (0.00001, 0.00002))}, tmp_path)
 
 
+def test_nas_example_with_nsga2_closes_trials_with_both_objectives(clean, tmp_path):
+    """The shipped NSGA-II NAS example (val_acc up, parameter count down), smaller: 4 trials, 2 at
+    once, 100 steps.  Each trial closes with both values from the real training script's result,
+    and status marks the Pareto front (the trials no other beats in both)."""
+    import sys
+
+    import yaml
+
+    from malletrain.campaign.status import pareto_front
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "examples", "train", "nas-nsga2-digits.yaml")) as fh:
+        doc = yaml.safe_load(fh)
+    assert doc["sampler"] == "nsga2" and doc["metric"] == ["val_acc", "params"]
+    doc.update({"command": [sys.executable, EXAMPLE], "dir": "camp", "trials": 4, "max_concurrent": 2})
+    doc["fixed"]["steps"] = 100
+    doc["job"]["grace_s"] = GRACE_S
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps(doc))
+    env = dict(clean.env, PYTHONPATH=root)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "malletrain", "campaign", *args, str(spec)],
+                              env=env, capture_output=True, text=True, timeout=120)
+    sub = cli("submit")
+    assert sub.returncode == 0, sub.stderr
+    d = DaemonProc(tmp_path, clean).start()
+    try:
+        def closed():
+            rows = json.loads(cli("status", "--json").stdout)
+            return sum(r["state"] in ("done", "failed") for r in rows) == 4 and rows
+        rows = wait_until(closed, 420, "the 4 trials to close")
+    finally:
+        d.stop()
+    assert all(r["state"] == "done" and len(r["values"]) == 2 for r in rows), rows
+    assert all(0.0 <= r["values"][0] <= 1.0 and r["values"][1] > 0 for r in rows), rows
+    front = {r["trial"] for r in pareto_front(rows, ("max", "min"))}
+    assert front and {r["trial"] for r in rows if r["best"]} == front
+    text = cli("status").stdout
+    assert "4 done, 0 pruned, 0 failed of 4; Pareto front (val_acc max, params min): " in text, text
+
+
 def test_trial_preempted_by_slurm_alone_is_requeued_not_completed(clean, tmp_path):
     """No daemon: Slurm preempts the trial for a primary job (GraceTime); the trial
     checkpoints and exits within the grace time, and the template requeues it (Slurm

@@ -119,6 +119,11 @@ def study_rows(spec: Spec, slot_records: list[dict], views: list,
                      "value": v.last_value if v else None, "values": values, "final": bool(values),
                      "params": dict(v.params) if v else {}})
     done = [r for r in rows if r["values"] is not None and r["state"] == "done"]   # a pruned trial keeps its last value
+    if len(spec.metrics) > 1:       # several objectives: the best are the Pareto front
+        front = {id(r) for r in pareto_front(done, spec.goals)}
+        for r in rows:
+            r["best"] = id(r) in front
+        return rows
     best = None
     if done:
         pick = max if spec.goals[0] == "max" else min
@@ -126,6 +131,17 @@ def study_rows(spec: Spec, slot_records: list[dict], views: list,
     for r in rows:
         r["best"] = r is best
     return rows
+
+
+def pareto_front(rows: list[dict], goals: tuple[str, ...]) -> list[dict]:
+    """The rows whose ``values`` no other row's dominate (as good in every objective of ``goals``,
+    better in one), in their order; equal values are all kept."""
+    signs = [1.0 if g == "max" else -1.0 for g in goals]
+    keyed = [[s * v for s, v in zip(signs, r["values"])] for r in rows]
+
+    def dominated(a: list[float]) -> bool:
+        return any(all(x >= y for x, y in zip(b, a)) and b != a for b in keyed)
+    return [r for r, k in zip(rows, keyed) if not dominated(k)]
 
 
 def format_study_status(spec: Spec, rows: list[dict]) -> list[str]:
@@ -149,8 +165,15 @@ def format_study_status(spec: Spec, rows: list[dict]) -> list[str]:
                      f"{'-' if r['rung'] is None else r['rung']:>4} {r['failures']:>5} "
                      f"{metric:>12}{' *' if r['best'] else '  '} {params}")
     count = {k: sum(r["state"] == k for r in rows) for k in ("done", "pruned", "failed")}
-    best = next((r for r in rows if r["best"]), None)
-    lines.append(f"{count['done']} done, {count['pruned']} pruned, {count['failed']} failed of {spec.trials}; "
-                 "best so far: " + (f"trial {best['trial']} {spec.metrics[0]}={best['values'][0]:.4g}"
-                                    if best else "none yet") + "   (~ last reported value, * best)")
+    head = f"{count['done']} done, {count['pruned']} pruned, {count['failed']} failed of {spec.trials}; "
+    if len(spec.metrics) > 1:
+        front = sorted((r for r in rows if r["best"]), key=lambda r: r["trial"])
+        goals = ", ".join(f"{m} {g}" for m, g in zip(spec.metrics, spec.goals))
+        lines.append(head + f"Pareto front ({goals}): " +
+                     (", ".join(f"trial {r['trial']}" for r in front) if front else "none yet") +
+                     "   (~ last reported value, * on the front)")
+    else:
+        best = next((r for r in rows if r["best"]), None)
+        lines.append(head + "best so far: " + (f"trial {best['trial']} {spec.metrics[0]}={best['values'][0]:.4g}"
+                                               if best else "none yet") + "   (~ last reported value, * best)")
     return [shown(line) for line in lines]
