@@ -186,3 +186,49 @@ def test_status_rows_progress_and_best(tmp_path):
     assert [r["id"] for r in rows if r["best"]] == ["t001"]
     text = "\n".join(campaign.format_status(spec, rows))
     assert "best so far: t001 val_acc=0.95 (interim)" in text and "2/5 done" in text
+
+
+def test_the_queue_is_listed_after_the_ledger_is_read(tmp_path):
+    """Two classic submits at once: the second one's queue listing must be taken after it read
+    the ledger (and, in the CLI, under the campaign's lock), or the jobs the first one queued in
+    between look gone and every trial is submitted again."""
+    spec = _spec(tmp_path, BASE)
+    queue: set[str] = set()
+
+    def sbatch(name, command, token):
+        jid = str(300 + len(queue))
+        queue.add(jid)
+        return jid
+    tokens = iter(f"tok{i}" for i in range(100))
+    stale = set(queue)          # a listing taken before the other submit ran: empty
+    campaign.submit_campaign(spec, sbatch, lambda i: next(tokens))          # the other submit
+    trials = campaign.submit_campaign(spec, sbatch, lambda i: next(tokens), queued=lambda: set(queue))
+    assert len(queue) == 5 and [t.get("resubmits", 0) for t in trials] == [0] * 5
+    # the negative control: the listing taken before judges all five gone and doubles them
+    trials = campaign.submit_campaign(spec, sbatch, lambda i: next(tokens), queued=stale)
+    assert len(queue) == 10 and [t.get("resubmits", 0) for t in trials] == [1] * 5
+
+
+def test_the_classic_submit_command_lists_the_queue_under_the_campaign_lock(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from test_campaign_slots import _TRY_LOCK
+
+    import malletrain.cli.user as user
+    from malletrain.cli.main import main
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(BASE.replace("dir: out", f"dir: {tmp_path / 'out'}"))
+    held, jobs = [], []
+
+    def listing():
+        r = subprocess.run([sys.executable, "-c", _TRY_LOCK, str(tmp_path / "out" / "campaign.lock")], timeout=60)
+        held.append(r.returncode == 1)
+        return set(jobs)
+
+    def submitter(spec, cfg, metrics_dir):
+        return (lambda name, command, token: jobs.append(str(400 + len(jobs))) or jobs[-1]), (lambda tok: None), listing
+    monkeypatch.setattr(user, "_trial_submitter", submitter)
+    assert main(["campaign", "submit", str(spec_path)]) == 0
+    assert held == [True] and len(jobs) == 5
+    assert main(["campaign", "submit", str(spec_path)]) == 0 and held == [True, True] and len(jobs) == 5

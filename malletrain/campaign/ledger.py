@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 from malletrain.campaign.spec import Spec, sample
 from malletrain.campaign.status import read_result
@@ -60,12 +61,15 @@ def trial_command(spec: Spec, trial: dict) -> list[str]:
     return [*spec.command, "--params", os.path.join(d, "params.json"), "--ckpt", os.path.join(d, "ckpt")]
 
 
-def submit_campaign(spec: Spec, submit_one, token_of, *, queued: set[str] | None = None,
+def submit_campaign(spec: Spec, submit_one, token_of, *,
+                    queued: set[str] | Callable[[], set[str] | None] | None = None,
                     find_token=None, say=lambda msg: None) -> list[dict]:
     """Submit every trial that has no job, or whose job is gone without a final result.
 
     ``submit_one(name, command, token) -> job id``.  ``queued`` holds the ids of
-    the jobs Slurm still has (None: unknown, nothing is resubmitted).  A trial's
+    the jobs Slurm still has (None: unknown, nothing is resubmitted), or lists them when called:
+    after the state is read, so that a job another submit queued before is among them (the
+    caller holds the campaign's lock).  A trial's
     token is on disk before its sbatch; a trial marked ``submitting`` (a run that
     died between sbatch and saving the id) is first looked up by its token with
     ``find_token(token) -> job id | None``, so running this again never submits a
@@ -73,6 +77,8 @@ def submit_campaign(spec: Spec, submit_one, token_of, *, queued: set[str] | None
     new token and is submitted again (``resubmits`` counts it).
     """
     st = load_state(spec)
+    if callable(queued):
+        queued = queued()
     trials = plan_trials(spec, st, token_of)
     st.update(name=spec.name, kind=spec.kind, trials=trials)
     save_state(spec, st)      # tokens are on disk before any sbatch: a retry finds the job

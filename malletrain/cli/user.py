@@ -212,10 +212,14 @@ def cmd_campaign(args) -> int:
         make_dir(spec.dir, "campaign directory")
         make_dir(metrics_dir)
         submit_one, find, list_queue = _trial_submitter(spec, cfg, metrics_dir)
-        queued = list_queue()
-        trials = campaign.submit_campaign(
-            spec, submit_one, lambda i: uuid.uuid4().hex[:16], queued=queued,
-            find_token=find, say=lambda msg: say(msg, file=sys.stderr))
+        from malletrain.campaign.slots import locked
+        # under the campaign's lock, and the queue listed inside it: a submit that ran beside
+        # this one cannot have queued a job this one's listing misses (it would be judged gone
+        # and its trial submitted twice)
+        with locked(spec.dir):
+            trials = campaign.submit_campaign(
+                spec, submit_one, lambda i: uuid.uuid4().hex[:16], queued=list_queue,
+                find_token=find, say=lambda msg: say(msg, file=sys.stderr))
         say(f"campaign {spec.name}: {len(trials)} trial(s) submitted held; the daemon starts them "
               f"on idle nodes. `malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0
