@@ -2,9 +2,11 @@
 # Issue #24's campaign targets: a NAS-Bench-201 campaign (CIFAR-100 table, stated learning-curve
 # model; no training) replayed on the idle nodes of the Philly day and of the Theta slice (128
 # nodes, 1-3 March 2022), in three modes: random search with every trial to
-# the end, ASHA, ASHA with promise-aware allocation. Prints the time to a trial within 1 point of
-# the table's best and the node-hours spent on pruned trials, per seed, and the ratios.
-# About 60 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
+# the end, ASHA, ASHA with promise-aware allocation; on the Philly day also the clairvoyant
+# baseline asha-oracle (each trial's exact promise known when it is asked). Prints the time to a
+# trial within 1 point of the table's best and the node-hours spent on pruned trials, per seed,
+# and the ratios.
+# About 85 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
 set -euo pipefail
@@ -15,6 +17,7 @@ DATA="${DATA:-$ROOT/../shared/data}"
 RES="$ROOT/benchmarks/results"
 mkdir -p "$RES"
 run() { local name="$1"; shift; echo "== $name: $*" | tee "$RES/$name.txt"; "$@" 2>&1 | tee -a "$RES/$name.txt"; }
-run campaign-philly  malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 5 "$@"
+run campaign-philly  malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 5 \
+    --modes random-full,asha,asha-promise,asha-oracle "$@"
 run campaign-theta   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z --seeds 3 "$@"

@@ -89,6 +89,36 @@ def test_promise_mode_hands_the_rungs_to_the_core(table, monkeypatch):
     assert not any(seen)
 
 
+def test_the_oracle_baseline_knows_from_the_start_which_trials_reach_the_target(table, monkeypatch):
+    """``asha-oracle`` (a clairvoyant baseline): each trial's promise is set when it is asked, the
+    highest for one whose final accuracy reaches the target and 1 for the others; ASHA still prunes."""
+    from malletrain.bench import campaign as bench
+    from malletrain.domain.model import MAX_PROMISE
+    from malletrain.replay import sim as simmod
+    seen: dict[str, float] = {}
+    real = simmod.SimCluster.promises
+
+    def spy(self):
+        got = real(self)
+        seen.update(got)
+        return got
+    monkeypatch.setattr(simmod.SimCluster, "promises", spy)
+    finals: dict[str, float] = {}
+    ask = bench.CampaignDriver._ask
+
+    def asking(self, sim, t):
+        new = ask(self, sim, t)
+        for j in new:
+            finals[j.name] = self.live[j.name].model.accuracy(float("inf")) - self.target
+        return new
+    monkeypatch.setattr(bench.CampaignDriver, "_ask", asking)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=5.0)     # a few cells reach it
+    out = run_campaign(_trace(hours=6.0), table, "asha-oracle", 0, setup)
+    assert out.pruned > 0 and seen and min(finals.values()) < 0 <= max(finals.values())
+    assert all(p == (MAX_PROMISE if finals[j] >= 0 else 1.0) for j, p in seen.items())
+    assert {MAX_PROMISE, 1.0} <= set(seen.values())
+
+
 def test_the_model_ends_at_the_tables_value_and_scales_less_for_light_cells():
     t = _table()
     heavy = max(t.cells.values(), key=lambda c: c.train_time_s / c.size_mb)

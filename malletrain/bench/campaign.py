@@ -14,6 +14,12 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
 * ``asha-promise``: the same, and each trial reports its promise (η^k after surviving k rungs)
   as a live trial's runtime does in its ``metric`` records: the core re-splits the user's nodes
   among the user's trials by it (``CoreConfig.promise``).
+* ``asha-oracle``: a clairvoyant baseline, not a mode to use: the same ASHA, and each trial's
+  promise is known from its start and exact — the highest for a trial whose final accuracy reaches
+  the target, 1 for the others.  What it gains over ``asha`` is what the promise re-split (a
+  place, not a size: :func:`malletrain.core.decide._by_promise`) gains with a perfect predictor of
+  the trials that matter: an estimate of the most a promise can buy on this trace (not a proof:
+  through ASHA's comparisons another order could do better).
 
 Figures per run: the time from the campaign's start until a complete trial is within
 ``target_points`` of the table's best (``None``: not within the trace), the node-hours spent
@@ -35,7 +41,9 @@ if TYPE_CHECKING:
     from malletrain.replay.sim import SimCluster
     from malletrain.replay.workload import WorkloadJob
 
-MODES = ("random-full", "asha", "asha-promise")
+MODES = ("random-full", "asha", "asha-promise", "asha-oracle")
+DEFAULT_MODES = MODES[:3]     # the oracle is asked for by name (a bound, not a mode)
+PROMISING = ("asha-promise", "asha-oracle")
 USER = "researcher"
 
 
@@ -136,9 +144,10 @@ class CampaignDriver:
                 lv.rung += 1
                 if self.mode == "asha-promise":
                     sim.promise[jid] = float(self.setup.reduction_factor ** lv.rung)
-        return self._ask(t)
+        return self._ask(sim, t)
 
-    def _ask(self, t: float) -> list[WorkloadJob]:
+    def _ask(self, sim: SimCluster, t: float) -> list[WorkloadJob]:
+        from malletrain.domain.model import MAX_PROMISE
         from malletrain.replay.nas import TrialModel
         from malletrain.replay.workload import TrueCurve, WorkloadJob
         new = []
@@ -152,6 +161,8 @@ class CampaignDriver:
                                    "nas-bench-201", TrueCurve(tuple(curve), tuple(curve.values())), 0, USER))
             self.live[jid] = _Live(asked.number, model)
             self.out.asked += 1
+            if self.mode == "asha-oracle":
+                sim.promise[jid] = MAX_PROMISE if model.accuracy(math.inf) >= self.target else 1.0
         return new
 
 
@@ -166,7 +177,7 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     wall0 = time.perf_counter()
     driver = CampaignDriver(table, mode, seed, setup, trace.start_s)
-    opts = ReplayOptions(core=CoreConfig(policy=policy, promise=mode == "asha-promise"),
+    opts = ReplayOptions(core=CoreConfig(policy=policy, promise=mode in PROMISING),
                          interval_s=interval_s, noise=noise, seed=seed, quiet=True)
     result = run_replay(trace, [], opts, driver)
     out = driver.out
@@ -178,7 +189,7 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
     return out
 
 
-def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = MODES, seeds: int = 3, nodes: int | None = None,
+def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, seeds: int = 3, nodes: int | None = None,
                    start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
                    interval_s: float = 30.0, progress: bool = True) -> Report:
     """Every mode over ``seeds`` seeds on one trace (module docstring); the figures and ratios."""
@@ -240,27 +251,29 @@ def _hours(s: float | None) -> str:
 
 
 def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
-    """How much sooner ``asha-promise`` reaches the target than the others (means over seeds; a
-    run that never reached it counts the trace's span, so a ratio against it is a lower bound)."""
-    if "asha-promise" not in outcomes:
-        return []
-    mine = statistics.fmean(_time(o) for o in outcomes["asha-promise"])
+    """How much sooner ``asha-promise`` (and the ``asha-oracle`` bound, when run) reaches the target
+    than the modes without a promise (means over seeds; a run that never reached it counts the
+    trace's span, so a ratio against it is a lower bound)."""
     out = []
-    for mode in ("random-full", "asha"):
-        if mode in outcomes and all(o.reached_s is None for o in outcomes[mode] + outcomes["asha-promise"]):
-            out.append(f"neither asha-promise nor {mode} reached the target within the trace")
-        elif mode in outcomes and mine > 0:
-            other = outcomes[mode]
-            bound = any(o.reached_s is None for o in other)
-            worse = any(o.reached_s is None for o in outcomes["asha-promise"])
-            ratio = statistics.fmean(_time(o) for o in other) / mine
-            note = " (at least: some runs never reached it)" if bound and not worse else (
-                " (uncertain: asha-promise missed it in some runs)" if worse else "")
-            out.append(f"asha-promise reaches the target {ratio:.2f}x sooner than {mode}{note}")
-            both = [(a.reached_s, b.reached_s) for a, b in zip(outcomes["asha-promise"], other)
-                    if a.reached_s is not None and b.reached_s is not None and a.seed == b.seed]
-            mine_both = sum(a for a, _ in both)
-            if both and mine_both > 0:
-                out.append(f"  on the {len(both)} seed(s) where both reached it: "
-                           f"{sum(b for _, b in both) / mine_both:.2f}x")
+    for me in PROMISING:
+        if me not in outcomes:
+            continue
+        mine = statistics.fmean(_time(o) for o in outcomes[me])
+        for mode in ("random-full", "asha"):
+            if mode in outcomes and all(o.reached_s is None for o in outcomes[mode] + outcomes[me]):
+                out.append(f"neither {me} nor {mode} reached the target within the trace")
+            elif mode in outcomes and mine > 0:
+                other = outcomes[mode]
+                bound = any(o.reached_s is None for o in other)
+                worse = any(o.reached_s is None for o in outcomes[me])
+                ratio = statistics.fmean(_time(o) for o in other) / mine
+                note = " (at least: some runs never reached it)" if bound and not worse else (
+                    f" (uncertain: {me} missed it in some runs)" if worse else "")
+                out.append(f"{me} reaches the target {ratio:.2f}x sooner than {mode}{note}")
+                both = [(a.reached_s, b.reached_s) for a, b in zip(outcomes[me], other)
+                        if a.reached_s is not None and b.reached_s is not None and a.seed == b.seed]
+                mine_both = sum(a for a, _ in both)
+                if both and mine_both > 0:
+                    out.append(f"  on the {len(both)} seed(s) where both reached it: "
+                               f"{sum(b for _, b in both) / mine_both:.2f}x")
     return out

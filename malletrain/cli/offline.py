@@ -187,15 +187,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                      "a trace, through the decision core, in three modes: random-full (random "
                                      "search, every trial to the end), asha (with Optuna's ASHA pruner) and "
                                      "asha-promise (ASHA, and each user's nodes re-split by how many rungs its "
-                                     "trials survived).  Prints, per mode and seed, the time until a complete "
-                                     "trial is within --target points of the table's best, and the node-hours "
-                                     "spent on trials that were pruned.  Needs the nasbench and hpo extras.")
+                                     "trials survived).  asha-oracle, asked for by name, is a clairvoyant baseline: "
+                                     "each trial's promise is exact and known from its start (the highest for "
+                                     "a trial that will reach the target): its gain over asha estimates the "
+                                     "most the promise re-split can buy.  Prints, per mode and seed, the time until "
+                                     "a complete trial is within --target points of the table's best, and the "
+                                     "node-hours spent on trials that were pruned.  Needs the nasbench and hpo extras.")
     bn.set_defaults(run=cmd_bench_campaign)
     bn.add_argument("--trace", required=True, help="node-event CSV(.gz), SWF log, or sacct export")
     bn.add_argument("--nodes", type=NODES, help="first N distinct nodes in trace order")
     bn.add_argument("--start", type=time_arg, help="replay from TIME (ISO-8601 or epoch)")
     bn.add_argument("--end", type=time_arg, help="replay until TIME")
-    bn.add_argument("--modes", default="random-full,asha,asha-promise", help="comma-separated (default: all three)")
+    bn.add_argument("--modes", default="random-full,asha,asha-promise",
+                    help="comma-separated, of random-full, asha, asha-promise, asha-oracle (default: the first three)")
     bn.add_argument("--seeds", type=positive(int, 100), default=3, metavar="K", help="seeds 0..K-1 (default 3)")
     bn.add_argument("--max-concurrent", type=positive(int, 10_000), default=64,
                     help="trial jobs queued at once (default 64)")
