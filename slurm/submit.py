@@ -36,7 +36,8 @@ def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launc
 
     ``launch=srun`` runs ``tasks_per_node`` copies of COMMAND per node (one per GPU,
     or one per CPU-only node) in one job step; ``batch`` runs COMMAND once in the
-    batch shell (it launches its own processes, or is single-process).
+    batch shell (it launches its own processes, or is single-process); ``torchrun`` runs
+    torchrun on every node, ``tasks_per_node`` workers each (:func:`torchrun_command`).
     """
     if launch not in LAUNCHES:
         raise InputError(f"unknown launch {launch!r}; valid: {', '.join(LAUNCHES)}")
@@ -47,12 +48,30 @@ def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launc
         # no --kill-on-bad-exit: one task exiting 3 ("stopped") must not turn its peers'
         # clean exits into "Terminated" (srun would then return 143, not 3)
         cmd = f"srun --ntasks-per-node={tasks_per_node} {cmd}"
+    elif launch == "torchrun":
+        cmd = f"srun --ntasks-per-node=1 {shlex.join(torchrun_command(command, tasks_per_node))}"
     fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": shlex.quote(f"{grace_s:g}"), "launch": cmd}
     # one pass: a value that itself contains {{...}} is never expanded again
     return _FIELD.sub(lambda m: fields[m.group(1)] if m.group(1) in fields else m.group(0), template)
 
 
 _FIELD = re.compile(r"\{\{(\w+)\}\}")
+_PYTHON = re.compile(r"^python[0-9.]*$")
+
+
+def torchrun_command(command: list[str], nproc_per_node: int) -> list[str]:
+    """``PYTHON SCRIPT ARGS`` or ``PYTHON -m MODULE ARGS`` as the torchrun launch runs it on each
+    node: ``PYTHON -m malletrain.runtime.torchrun --nproc-per-node K -- SCRIPT ARGS`` (the
+    rendezvous, signals and grace time come from the job: :mod:`malletrain.runtime.torchrun`).
+    The workers run under the same interpreter, which must have malletrain and torch."""
+    if not command or not _PYTHON.match(os.path.basename(command[0])):
+        raise InputError("--launch torchrun runs a Python training script: COMMAND must be "
+                         "'python SCRIPT.py ARGS...' or 'python -m MODULE ARGS...'")
+    rest = command[1:]
+    if not rest or (rest[0].startswith("-") and rest[0] not in ("-m",)) or (rest[0] == "-m" and len(rest) < 2):
+        raise InputError("--launch torchrun: put interpreter options in the environment (PYTHONUNBUFFERED=1, "
+                         "...); COMMAND must be 'python SCRIPT.py ARGS...' or 'python -m MODULE ARGS...'")
+    return [command[0], "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(nproc_per_node), "--", *rest]
 
 
 def profile_name(text: str) -> str:

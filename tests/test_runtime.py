@@ -251,3 +251,66 @@ def test_deadline_forces_the_checkpoint_of_the_last_boundary(tmp_path, launcher)
     resumed = launcher.run(Plan("resume", (1,)), step + 4, str(tmp_path / "ck"))
     straight = launcher.run(Plan("straight", (2,)), step + 4, str(tmp_path / "straight"))
     assert resumed.sha256 == straight.sha256
+
+
+# ---------------------------------------------------------------- --launch torchrun (no Slurm)
+def _torchrun(procs, ckpt, until, *, sleep_s=0.0, metrics=None, grace_s=10):
+    """The wrapper the torchrun launch runs on each node, here one node with ``procs`` workers."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MALLETRAIN_GRACE_S=str(grace_s),
+               PYTHONPATH=ROOT)
+    if metrics:
+        env["MALLETRAIN_METRICS"] = metrics
+    argv = [sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(procs), "--",
+            "-m", "malletrain.runtime.reference", "--dir", ckpt, "--until", str(until), "--step-sleep-s", str(sleep_s)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _sha(out: str) -> str:
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("sha256 "))
+
+
+@pytest.mark.slow
+def test_torchrun_launch_trains_the_same_parameters_and_stops_on_the_signal(reference, tmp_path):
+    """Under torchrun (3 workers) the parameters are bitwise those of one process.  SIGTERM to the
+    agent (what srun forwards to it): the workers checkpoint at a step boundary and the launch
+    exits 3, so the batch script requeues; kill -9 of one worker exits 128+9; each resumes on
+    another worker count to the uninterrupted run's parameters."""
+    p = _torchrun(3, str(tmp_path / "a"), 24)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-3000:]
+    assert _sha(out) == reference and "(torchrun, gloo)" in err
+    # the stop signal
+    metrics = str(tmp_path / "m.jsonl")
+    p = _torchrun(2, str(tmp_path / "b"), 100000, sleep_s=0.05, metrics=metrics)
+    _wait_step(metrics, 5)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err[-3000:]
+    assert time.time() - t0 < 10
+    stop = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    assert stop["reason"] == "signal" and CheckpointStore(str(tmp_path / "b")).steps()[0] == stop["step"]
+    end = stop["step"] + 6
+    p = _torchrun(3, str(tmp_path / "b"), end)
+    resumed, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-3000:]
+    straight = subprocess.run([sys.executable, "-m", "malletrain.runtime.reference", "--dir", str(tmp_path / "s"),
+                               "--until", str(end)], capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    assert _sha(resumed) == _sha(straight.stdout)
+    # kill -9 of one worker
+    metrics = str(tmp_path / "k.jsonl")
+    p = _torchrun(2, str(tmp_path / "c"), 100000, sleep_s=0.05, metrics=metrics)
+    _wait_step(metrics, 5)
+    workers = subprocess.run(["pgrep", "-f", f"reference --dir {tmp_path / 'c'}"], capture_output=True,
+                             text=True).stdout.split()
+    workers = [w for w in workers if int(w) != p.pid]
+    assert workers
+    os.kill(int(workers[-1]), signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGKILL, err[-3000:]
+    p = _torchrun(1, str(tmp_path / "c"), 24)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0 and _sha(out) == reference, err[-3000:]

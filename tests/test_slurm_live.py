@@ -427,10 +427,12 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "examples", "train", "digits_train.py")
 
 
-def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_parameters(clean, tmp_path):
-    """The digits example under `malletrain submit` (srun, one process per node, gloo):
-    the daemon sizes it, a primary job preempts it, it resumes on other node counts and
-    ends with exactly the parameters of an uninterrupted single-process run."""
+@pytest.mark.parametrize("launch", ["srun", "torchrun"])
+def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_parameters(clean, tmp_path, launch):
+    """The digits example under `malletrain submit` (one process per node, gloo; launched by srun,
+    or by torchrun on every node): the daemon sizes it, a primary job preempts it, it resumes on
+    other node counts and ends with exactly the parameters of an uninterrupted single-process run.
+    Under torchrun one worker is also killed (kill -9): the job requeues itself and resumes."""
     import sys
 
     import torch
@@ -443,7 +445,7 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
     out = subprocess.run(
         [sys.executable, "-m", "malletrain", "submit", "--name", "digits", "--min-nodes", "1",
          "--max-nodes", "4", "--grace-s", str(GRACE_S), "--rescale-up", "5", "--rescale-down", "3",
-         "--metrics-dir", str(tmp_path / "metrics"), "--", *cmd],
+         "--launch", launch, "--metrics-dir", str(tmp_path / "metrics"), "--", *cmd],
         env=dict(cluster.env, PYTHONPATH=os.path.dirname(EXAMPLE) + "/../.."), capture_output=True,
         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -466,6 +468,11 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
             starts = [r["world"] for r in metrics_records(tmp_path, job) if r["event"] == "start"]
             return len(starts) >= 2 and starts[-1] < max(starts)
         wait_until(resumed_smaller, 180, "the trial to resume on fewer nodes beside a primary job")
+        if launch == "torchrun":        # kill -9 of one worker: torchrun's launch exits 137, the job requeues
+            runs = len([r for r in metrics_records(tmp_path, job) if r["event"] == "start"])
+            wait_until(lambda: _kill_a_worker(str(tmp_path / "ckpt")), 60, "a training worker to kill")
+            wait_until(lambda: len([r for r in metrics_records(tmp_path, job) if r["event"] == "start"]) > runs,
+                       180, "the trial to start again after the kill")
         cluster.sh("scancel", half)
         prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "4", "-o", "/dev/null",
                           "--wrap", "sleep 5").strip()
@@ -495,14 +502,34 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
     assert got.step == want.step == steps
     assert got.state["model"].keys() == want.state["model"].keys()
     assert all(torch.equal(got.state["model"][k], want.state["model"][k]) for k in want.state["model"])
-    summary = {"job": job, "worlds": sorted(worlds), "restarts": max(r["restart"] for r in recs),
+    if launch == "torchrun":        # the job's output: the workers ran under torchrun; the kill was seen as one
+        log_text = (tmp_path / "metrics" / f"digits-{job}.out").read_text(errors="replace")
+        assert "(torchrun, gloo)" in log_text and "exit 137" in log_text, log_text[-3000:]
+    summary = {"job": job, "launch": launch, "worlds": sorted(worlds), "restarts": max(r["restart"] for r in recs),
                "stops": [{k: r.get(k) for k in ("step", "world", "reason", "signal", "signal_to_exit_s")}
                          for r in stops],
                "starts": [{k: r.get(k) for k in ("step", "world", "restart", "restore_s")}
                           for r in recs if r["event"] == "start"],
                "checkpoints": [r.get("write_s") for r in recs if r["event"] == "checkpoint"],
                "bitwise_equal_to_uninterrupted": True}
-    keep_figures("pytorch-trial-live.json", summary, tmp_path)
+    keep_figures("pytorch-trial-live.json" if launch == "srun" else "pytorch-trial-torchrun-live.json",
+                 summary, tmp_path)
+
+
+def _kill_a_worker(ckpt: str) -> bool:
+    """SIGKILL one training process of the run that writes ``ckpt`` (not torchrun's agent)."""
+    out = subprocess.run(["pgrep", "-f", "--", f"--ckpt {ckpt}"], capture_output=True, text=True).stdout.split()
+    for pid in out:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"malletrain.runtime.torchrun" in argv or b"pgrep" in argv[0]:
+            continue
+        os.kill(int(pid), signal.SIGKILL)
+        return True
+    return False
 
 
 def test_campaign_trials_run_under_the_daemon_and_status_shows_the_best(clean, tmp_path):

@@ -413,7 +413,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "(exported as MALLETRAIN_GRACE_S), default 30")
     s.add_argument("--launch", choices=LAUNCHES, default="srun",
                    help="srun: one process per GPU (or per CPU-only node) via srun (default); "
-                        "batch: run COMMAND once in the batch shell")
+                        "batch: run COMMAND once in the batch shell; torchrun: torchrun on every node "
+                        "(as many workers as srun would start), rendezvous and port from the job, "
+                        "the stop signal and grace time passed to the workers (COMMAND: python "
+                        "SCRIPT.py ARGS or python -m MODULE ARGS)")
     s.add_argument("--metrics-dir", help="shared directory for progress files and output "
                                          "(default $MALLETRAIN_METRICS_DIR or ~/.malletrain/metrics)")
     s.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")

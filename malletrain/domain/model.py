@@ -22,7 +22,7 @@ MAX_JOB_NODES = 100_000        # a malleable job's min/max nodes (beyond: not a 
 MAX_PAUSE_S = 1e7              # a malleable job's rescale pauses (the daemon's config clamps lower)
 MAX_GPUS_PER_NODE = 1024
 MAX_GRACE_S = 1e7              # a job's preemption grace time
-LAUNCHES = ("srun", "batch")   # how a malleable job's batch script runs its command
+LAUNCHES = ("srun", "batch", "torchrun")   # how a malleable job's batch script runs its command
 
 
 def interpolate(counts: Sequence[int], values: Sequence[float], n: float) -> float:

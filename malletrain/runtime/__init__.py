@@ -2,7 +2,9 @@
 
 Public API: :class:`Runtime`, :class:`RuntimeConfig`, :func:`discover` and
 :class:`CheckpointStore`.  Needs the ``train`` extra (torch); everything is
-imported lazily so that the daemon never pays for torch.
+imported lazily so that the daemon never pays for torch.  ``python -m
+malletrain.runtime.torchrun`` is what ``submit --launch torchrun`` runs on each node
+(:mod:`malletrain.runtime.torchrun`).
 
 The room imports ``domain``, and ``campaign`` only for a campaign trial's reports to its
 study (:class:`malletrain.campaign.trial.Reporter`, found through ``MALLETRAIN_TRIAL`` on the

@@ -7,6 +7,8 @@
 launcher   rank / world                                 rendezvous
 =========  ==========================================  =============================
 torchrun   ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``   ``MASTER_ADDR`` / ``MASTER_PORT``
+                                                        (the agent's store when
+                                                        ``TORCHELASTIC_USE_AGENT_STORE``)
 srun       ``SLURM_PROCID`` / ``SLURM_STEP_NUM_TASKS``  ``MASTER_ADDR`` (the sbatch
            / ``SLURM_LOCALID``                          template sets it), else
                                                         ``SLURM_LAUNCH_NODE_IPADDR``
@@ -50,6 +52,7 @@ class DistInfo:
     restart: int           # SLURM_RESTART_COUNT
     nodes: int             # nodes in the allocation
     node: str              # this process's node name
+    agent_store: bool = False   # torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT (rank 0 joins it)
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
@@ -79,10 +82,12 @@ def discover(env: Mapping[str, str], *, mpi_master: str | None = None) -> DistIn
     nodes = _int(env, "SLURM_JOB_NUM_NODES", _int(env, "SLURM_NNODES", 1))
     node = env.get("SLURMD_NODENAME") or env.get("HOSTNAME") or "localhost"
     port = _int(env, "MASTER_PORT", default_port(job, restart))
+    agent_store = False
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
         local, launcher = _int(env, "LOCAL_RANK", 0), "torchrun"
         addr = env.get("MASTER_ADDR") or "127.0.0.1"
+        agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     elif "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
         rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS")
         local, launcher = _int(env, "SLURM_LOCALID", 0), "srun"
@@ -97,7 +102,7 @@ def discover(env: Mapping[str, str], *, mpi_master: str | None = None) -> DistIn
             rank, world, local, launcher, addr = 0, 1, 0, "single", "127.0.0.1"
     if world < 1 or not 0 <= rank < world:
         raise InputError(f"inconsistent launch: rank {rank} of world {world} ({launcher})")
-    return DistInfo(rank, world, local, addr, port, launcher, job, restart, nodes, node)
+    return DistInfo(rank, world, local, addr, port, launcher, job, restart, nodes, node, agent_store)
 
 
 def _mpi_env(env: Mapping[str, str]) -> tuple[int, int, int] | None:

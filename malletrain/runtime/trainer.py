@@ -118,9 +118,11 @@ class Runtime:
         t0 = time.perf_counter()
         timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
         where = f"{self.info.master_addr}:{self.info.master_port}"
+        # under torchrun the agent already serves a store there: every rank is its client
+        master = self.info.rank == 0 and not self.info.agent_store
         try:
             self._store = dist.TCPStore(self.info.master_addr, self.info.master_port,
-                                        world_size=self.info.world, is_master=self.info.rank == 0,
+                                        world_size=self.info.world, is_master=master,
                                         timeout=timeout, wait_for_workers=False)
         except Exception as exc:   # noqa: BLE001 - c10d's errors: port taken, host unreachable
             raise RendezvousError(f"rendezvous store at {where}: {str(exc)[:300]}") from None
