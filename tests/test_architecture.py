@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = {"malletrain": "malletrain", "jpa": "malletrain.jpa", "milp": "malletrain.milp",
            "slurm": "malletrain.slurm"}
 ROOMS = ("domain", "core", "jpa", "milp", "slurm", "replay", "daemon", "cli", "bench", "runtime",
-         "campaign")
+         "campaign", "adapters")
 # room -> rooms it may import (besides itself)
 ALLOWED = {
     "domain": set(),
@@ -28,6 +28,7 @@ ALLOWED = {
     "daemon": {"domain", "core", "slurm"},
     "runtime": {"domain", "campaign"},     # a trial's reports to its study (campaign.trial)
     "campaign": {"domain"},
+    "adapters": {"domain", "runtime", "campaign"},      # campaign: a trial's reports to its study
     "bench": {"domain", "core", "milp", "replay", "daemon", "campaign"},   # campaign: the study adapter
     "cli": set(ROOMS),
 }

@@ -1,0 +1,15 @@
+"""Adapters: a framework's own training loop made malleable, without rewriting it for :class:`Runtime`.
+
+Each adapter maps one framework onto the harvester's contract: stop at a step boundary on the
+stop signal (every rank agrees), checkpoint atomically, resume from the newest good checkpoint
+at any world size with the same global batch, write progress and metric records (for the
+daemon's profiler and a campaign's pruner), and exit 3 when the work is not finished so that
+the batch script requeues the job.
+
+* :mod:`malletrain.adapters.ddp` — a plain PyTorch DDP loop (``torchrun``,
+  ``malletrain submit --launch torchrun``).
+
+The room imports ``runtime`` (checkpoints, stop signals, progress records, a campaign trial's
+reporter) and ``domain``; the frameworks are imported by the adapter that needs them (the
+``train`` extra), never by the daemon.
+"""
