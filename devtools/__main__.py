@@ -80,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="samples per logical worker (the example's default, 32)")
     bt.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     bt.set_defaults(run=_bench_runtime)
+    from devtools.bench_adapters import __doc__ as adapters_doc
+    ba = bsub.add_parser("adapters", help="what the framework adapters cost: step overhead, signal -> exit, "
+                                          "launch -> first step, checkpoint", description=adapters_doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    ba.add_argument("--procs", type=positive(int), default=2, help="workers (default 2)")
+    ba.add_argument("--epochs", type=positive(int), default=300, help="epochs per timed run (default 300)")
+    ba.add_argument("--repeat", type=positive(int), default=3, help="timed runs of each script (default 3)")
+    ba.add_argument("--json", help="also write the figures to this file")
+    ba.set_defaults(run=_bench_adapters)
     from devtools.bench_queue import __doc__ as queue_doc
     bq = bsub.add_parser("queue", help="cost of the unforgeable queue read at thousands of queued jobs "
                                        "(starts its own local Slurm; root)", description=queue_doc,
@@ -185,6 +194,12 @@ def _bench_scale(a: argparse.Namespace) -> int:
     return _emit(run(sizes, slurm=a.slurm, cloud_nodes=a.cloud_nodes,
                      directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
                      cycles=a.cycles, interval_s=a.interval, keep=a.keep, rest=a.rest), a.json)
+
+
+def _bench_adapters(a: argparse.Namespace) -> int:
+    from devtools.bench_adapters import main
+    argv = ["--procs", str(a.procs), "--epochs", str(a.epochs), "--repeat", str(a.repeat)]
+    return main(argv + (["--json", a.json] if a.json else []))
 
 
 def _bench_runtime(a: argparse.Namespace) -> int:

@@ -12,7 +12,9 @@ started by ``torchrun`` — changes in a few lines (README, "Bring your own DDP 
             loss = F.cross_entropy(model(x), y) * mt.weight(len(y))  # was: without the weight
             loss.backward()
             mt.step(opt)                                             # was: opt.step(); opt.zero_grad()
-    sys.exit(mt.close())                                             # 0 done, 3 stopped (requeue)
+    status = mt.close()                                              # 0 done, 3 stopped (requeue)
+    dist.destroy_process_group()
+    raise SystemExit(status)
 
 **The global batch is kept at every world size.**  Step ``k`` of epoch ``e`` trains on samples
 ``perm_e[k·G : (k+1)·G]`` of a permutation seeded by (seed, epoch): the same samples whatever the
@@ -161,7 +163,8 @@ class Malleable:
                 scheduler.load_state_dict(st["scheduler"])
             self.global_step, self.epoch, self.in_epoch = int(st["step"]), int(st["epoch"]), int(st["in_epoch"])
             torch.set_rng_state(st["rng"])
-            log.info("restored %s (step %d, epoch %d) in %.3fs", chosen.path, self.global_step, self.epoch, chosen.read_s)
+            log.info("restored %s (step %d, epoch %d) in %.3fs", chosen.path, self.global_step, self.epoch,
+                     chosen.read_s)
         self._saved_step = self.global_step
         self.metrics.record("start", step=self.global_step, samples=self.samples, step_s=0.0, mode="ddp",
                             restore_s=round(chosen.read_s, 4) if chosen is not None else 0.0)
@@ -220,13 +223,14 @@ class Malleable:
             flags[CKPT] = 1.0
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if flags[PRUNE] > 0:
-            self.stopped = "pruned"
-            raise SystemExit(self.close())
-        if flags[STOP] > 0:
-            self.stopped = "signal"
-            self.checkpoint()
-            raise SystemExit(self.close())
+        if flags[PRUNE] > 0 or flags[STOP] > 0:
+            self.stopped = "pruned" if flags[PRUNE] > 0 else "signal"
+            if self.stopped == "signal":
+                self.checkpoint()
+            status = self.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()    # as the script would have at its end
+            raise SystemExit(status)
         if flags[CKPT] > 0:
             self.checkpoint()
         return True
@@ -268,6 +272,8 @@ class Malleable:
         self.metrics.close()
         self.stop.uninstall()
         sys.stdout.flush()
+        if dist.is_initialized():
+            dist.barrier()      # every rank is past its last collective before any leaves the group
         return EXIT_STOPPED if self.stopped == "signal" else 0
 
 

@@ -54,8 +54,9 @@ def main():
             print(f"epoch {epoch} val_acc {acc:.4f}", flush=True)
     if dist.get_rank() == 0:
         torch.save(model.module.state_dict(), args.out)
+    status = mt.close()  # malletrain: the final checkpoint; 0 done, 3 stopped (the job requeues)
     dist.destroy_process_group()
-    raise SystemExit(mt.close())  # malletrain
+    raise SystemExit(status)  # malletrain
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""What an adapter costs, per framework (issue #25): ``python -m devtools bench adapters``.
+
+For the DDP adapter (``examples/train/ddp``: the plain script and the same script made
+malleable), under the ``--launch torchrun`` wrapper on this machine (CPU, gloo, no Slurm):
+
+* **step-time overhead**: the plain and the malleable script train the same epochs on the same
+  workers, alternately, ``--repeat`` times each; the ratio of the median wall times of their
+  training loops (from the first to the last epoch line; startup is not in it);
+* **signal → exit**: SIGTERM to the launch while the malleable script trains, until every worker
+  has checkpointed the step boundary and exited (the ``exit`` record's ``signal_to_exit_s``, and
+  the launch's own exit, seen from outside);
+* **launch → first step**: from starting the launch on another worker count (a rescale: the run
+  restores the checkpoint just written) to its ``start`` record and to its first ``progress``
+  record;
+* **checkpoint write/read**: the ``checkpoint`` record's ``write_s`` and the ``start`` record's
+  ``restore_s``.
+
+Only ratios from one run compare on a shared machine; the absolute times are this machine's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DDP = os.path.join(ROOT, "examples", "train", "ddp")
+
+
+def _launch(script: str, procs: int, args: list[str], metrics: str | None = None) -> subprocess.Popen:
+    from malletrain.runtime.selfcheck import free_port
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MALLETRAIN_GRACE_S="30", PYTHONPATH=ROOT)
+    if metrics:
+        env["MALLETRAIN_METRICS"] = metrics
+    return subprocess.Popen([sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(procs),
+                             "--", os.path.join(DDP, script), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _loop_s(p: subprocess.Popen) -> float:
+    """Seconds from the first to the last epoch line the script printed (its training loop)."""
+    times = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.startswith("epoch "):
+            times.append(time.perf_counter())
+    _, err = p.communicate(timeout=600)
+    if p.returncode != 0 or len(times) < 2:
+        raise RuntimeError(f"training run failed ({p.returncode}): {err[-2000:]}")
+    return (times[-1] - times[0]) / (len(times) - 1)       # per epoch
+
+
+def _records(path: str) -> list[dict]:
+    try:
+        with open(path) as fh:
+            return [json.loads(x) for x in fh]
+    except FileNotFoundError:
+        return []
+
+
+def _wait(path: str, pred, timeout_s: float = 120.0) -> dict:
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        for r in _records(path):
+            if pred(r):
+                return r
+        time.sleep(0.02)
+    raise RuntimeError(f"timed out waiting in {path}")
+
+
+def bench_ddp(procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
+    plain, mine = [], []
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(repeat):
+            plain.append(_loop_s(_launch("train_plain.py", procs, ["--epochs", str(epochs),
+                                                                    "--out", f"{d}/p{i}.pt"])))
+            mine.append(_loop_s(_launch("train_malleable.py", procs, ["--epochs", str(epochs), "--out",
+                                                                       f"{d}/m{i}.pt", "--ckpt", f"{d}/c{i}"])))
+        # stop, rescale, resume
+        metrics = f"{d}/m.jsonl"
+        args = ["--epochs", "100000", "--out", f"{d}/s.pt", "--ckpt", f"{d}/stop"]
+        p = _launch("train_malleable.py", procs, args, metrics)
+        _wait(metrics, lambda r: r.get("event") == "progress" and r.get("step", 0) >= 200)
+        t0 = time.perf_counter()
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=120)
+        outside_s = time.perf_counter() - t0
+        stop = [r for r in _records(metrics) if r.get("event") == "exit"][-1]
+        write = [r for r in _records(metrics) if r.get("event") == "checkpoint"][-1]
+        n = len(_records(metrics))
+        t1 = time.perf_counter()
+        p = _launch("train_malleable.py", procs + 1, args, metrics)
+        start = _wait(metrics, lambda r: r.get("event") == "start" and r.get("world") == procs + 1)
+        t_start = time.perf_counter() - t1
+        _wait(metrics, lambda r: r.get("event") == "progress" and r.get("world") == procs + 1)
+        t_first = time.perf_counter() - t1
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=120)
+        assert len(_records(metrics)) > n
+    return {"procs": procs, "epochs": epochs, "repeat": repeat,
+            "plain_epoch_s": statistics.median(plain), "malleable_epoch_s": statistics.median(mine),
+            "overhead": statistics.median(mine) / statistics.median(plain),
+            "signal_to_exit_s": stop.get("signal_to_exit_s"), "signal_to_launch_exit_s": round(outside_s, 3),
+            "checkpoint_write_s": write.get("write_s"), "checkpoint_bytes": write.get("bytes"),
+            "restore_s": start.get("restore_s"), "launch_to_start_s": round(t_start, 3),
+            "launch_to_first_step_s": round(t_first, 3)}
+
+
+def report(fig: dict) -> list[str]:
+    return [
+        f"DDP adapter, {fig['procs']} workers (CPU, gloo), examples/train/ddp, "
+        f"{fig['epochs']} epochs x {fig['repeat']}:",
+        f"  step-time overhead: {fig['overhead']:.3f}x (median epoch {fig['malleable_epoch_s'] * 1e3:.1f} ms "
+        f"with the adapter vs. {fig['plain_epoch_s'] * 1e3:.1f} ms plain)",
+        f"  signal -> exit: {fig['signal_to_exit_s']} s (exit record); the launch exited "
+        f"{fig['signal_to_launch_exit_s']} s after SIGTERM, seen from outside",
+        f"  checkpoint write {fig['checkpoint_write_s']} s ({fig['checkpoint_bytes']} bytes), "
+        f"read {fig['restore_s']} s",
+        f"  launch on {fig['procs'] + 1} workers (a rescale) -> start record {fig['launch_to_start_s']} s, "
+        f"-> first step {fig['launch_to_first_step_s']} s"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m devtools bench adapters", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    fig = bench_ddp(args.procs, args.epochs, args.repeat)
+    for line in report(fig):
+        print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"ddp": fig}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
