@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import subprocess
+import time
 
 from malletrain.domain.timeutil import iso
 from malletrain.slurm.parse import Tag
@@ -136,3 +139,21 @@ class FakeSlurm:
 def held_job(fake, jid, comment=TAG, uid=1000):
     fake.jobs[jid] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(),
                           comment=comment, uid=uid)
+
+
+def progress_records(path):
+    """The JSON-line progress records a run wrote (none yet: [])."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(x) for x in fh]
+
+
+def wait_step(metrics, step, timeout_s=60):
+    """Until a record of ``metrics`` is at ``step`` or later."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if any(r.get("step", 0) >= step for r in progress_records(metrics)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no progress to step {step} in {metrics}")

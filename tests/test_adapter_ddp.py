@@ -5,14 +5,13 @@ world size, SIGTERM (checkpoint at a step boundary, exit 3) and kill -9 of a wor
 script it came from does not (negative controls)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from helpers import progress_records, wait_step
 
 from malletrain.runtime.selfcheck import free_port
 
@@ -41,19 +40,6 @@ def _done(p, timeout=300):
     return p.returncode, out, err
 
 
-def _records(path):
-    return [json.loads(x) for x in open(path)] if os.path.exists(path) else []
-
-
-def _wait_step(metrics, step, timeout_s=60):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if any(r.get("step", 0) >= step for r in _records(metrics)):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no progress to step {step} in {metrics}")
-
-
 def _diff(a, b):
     import torch
     x, y = torch.load(a), torch.load(b)
@@ -73,16 +59,16 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     # 3 workers, SIGTERM (what srun forwards): checkpoint at a step boundary, exit 3
     metrics = str(tmp_path / "m.jsonl")
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
-    _wait_step(metrics, 100)
+    wait_step(metrics, 100)
     p.send_signal(signal.SIGTERM)
     rc, _, err = _done(p)
     assert rc == 3, err[-3000:]
-    stop = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
-    assert any(r["event"] == "checkpoint" and r["step"] == stop["step"] for r in _records(metrics))
+    assert any(r["event"] == "checkpoint" and r["step"] == stop["step"] for r in progress_records(metrics))
     # 1 worker from that step; kill -9 of a worker of the next run (2 workers): it exits 137
     p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
-    _wait_step(metrics, stop["step"] + 100)
+    wait_step(metrics, stop["step"] + 100)
     workers = subprocess.run(["pgrep", "-f", "--", f"--ckpt {tmp_path / 'ck'}"], capture_output=True,
                              text=True).stdout.split()
     victims = [int(w) for w in workers if b"malletrain.runtime.torchrun" not in open(f"/proc/{w}/cmdline", "rb").read()]
@@ -90,10 +76,10 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     os.kill(victims[-1], signal.SIGKILL)
     rc, _, err = _done(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
-    starts = [r for r in _records(metrics) if r["event"] == "start"]
+    starts = [r for r in progress_records(metrics) if r["event"] == "start"]
     rc, _, err = _done(_run("train_malleable.py", 1, tmp_path, "out", epochs, extra=ckpt, metrics=metrics))
     assert rc == 0, err[-3000:]
-    recs = _records(metrics)
+    recs = progress_records(metrics)
     assert [r["world"] for r in recs if r["event"] == "start"] == [3, 2, 1]
     assert [r["step"] for r in recs if r["event"] == "start"][1] == stop["step"]      # resumed where it stopped
     assert starts[-1]["step"] == stop["step"] and recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done"

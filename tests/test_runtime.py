@@ -2,7 +2,6 @@
 consistency across process counts and rescales, the stop protocol."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -13,6 +12,7 @@ import sys
 import time
 
 import pytest
+from helpers import progress_records, wait_step
 
 from malletrain.runtime.checkpoint import CheckpointStore
 from malletrain.runtime.selfcheck import Launcher, Plan, free_port
@@ -182,10 +182,6 @@ def test_mpi_launch_trains_the_same_parameters(reference, tmp_path):
 
 
 # ---------------------------------------------------------------- signal -> checkpoint -> exit
-def _records(path):
-    return [json.loads(x) for x in open(path)] if os.path.exists(path) else []
-
-
 def _start_long(launcher, tmp_path, procs, env_extra, sleep_s=0.05):
     metrics = str(tmp_path / "m.jsonl")
     ps = launcher.start(procs, str(tmp_path / "ck"), 100000, extra=["--step-sleep-s", str(sleep_s)],
@@ -193,20 +189,11 @@ def _start_long(launcher, tmp_path, procs, env_extra, sleep_s=0.05):
     return ps, metrics
 
 
-def _wait_step(metrics, step, timeout_s=60):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if any(r.get("step", 0) >= step for r in _records(metrics)):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no progress to step {step} in {metrics}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("who", ["all", "rank1"])
 def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, who, launcher):
     ps, metrics = _start_long(launcher, tmp_path, 2, {"MALLETRAIN_GRACE_S": "10"})
-    _wait_step(metrics, 5)
+    wait_step(metrics, 5)
     t0 = time.time()
     targets = ps if who == "all" else ps[1:]       # only one process signalled: all must stop
     for p in targets:
@@ -216,7 +203,7 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, 
     took = time.time() - t0
     assert [p.returncode for p in ps] == [3, 3]   # EXIT_STOPPED: checkpointed, not finished
     assert took < 10, f"exit took {took:.1f}s, grace is 10s"
-    exit_rec = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    exit_rec = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert exit_rec["reason"] == "signal"
     if who == "all":
         assert exit_rec["signal"] == "SIGTERM" and exit_rec["signal_to_exit_s"] < 10
@@ -226,7 +213,7 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, 
         assert f"SIGTERM -> checkpoint of step {exit_rec['step']}" in err and "within the 10s" in err
     store = CheckpointStore(str(tmp_path / "ck"))
     assert store.steps()[0] == exit_rec["step"]
-    assert any(r["event"] == "checkpoint" and r["step"] == exit_rec["step"] for r in _records(metrics))
+    assert any(r["event"] == "checkpoint" and r["step"] == exit_rec["step"] for r in progress_records(metrics))
     # resume on 3 processes to a later step == an uninterrupted run to that step
     end = exit_rec["step"] + 6
     resumed = launcher.run(Plan("resume", (3,)), end, str(tmp_path / "ck"))
@@ -238,13 +225,13 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_within_grace(tmp_path, 
 def test_deadline_forces_the_checkpoint_of_the_last_boundary(tmp_path, launcher):
     # grace 0.2 s: the deadline (grace/2) has passed by the next step -> the step is abandoned
     ps, metrics = _start_long(launcher, tmp_path, 2, {"MALLETRAIN_GRACE_S": "0.2"}, sleep_s=0.5)
-    _wait_step(metrics, 3)
+    wait_step(metrics, 3)
     for p in ps:
         p.send_signal(signal.SIGUSR2)
     for p in ps:
         p.wait(timeout=30)
     assert [p.returncode for p in ps] == [3, 3]   # EXIT_STOPPED: checkpointed, not finished
-    exit_rec = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    exit_rec = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert exit_rec["reason"] == "forced" and exit_rec["signal"] == "SIGUSR2"
     step = exit_rec["step"]
     assert CheckpointStore(str(tmp_path / "ck")).steps()[0] == step
@@ -284,13 +271,13 @@ def test_torchrun_launch_trains_the_same_parameters_and_stops_on_the_signal(refe
     # the stop signal
     metrics = str(tmp_path / "m.jsonl")
     p = _torchrun(2, str(tmp_path / "b"), 100000, sleep_s=0.05, metrics=metrics)
-    _wait_step(metrics, 5)
+    wait_step(metrics, 5)
     t0 = time.time()
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 3, err[-3000:]
     assert time.time() - t0 < 10
-    stop = [r for r in _records(metrics) if r["event"] == "exit"][-1]
+    stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert stop["reason"] == "signal" and CheckpointStore(str(tmp_path / "b")).steps()[0] == stop["step"]
     end = stop["step"] + 6
     p = _torchrun(3, str(tmp_path / "b"), end)
@@ -303,7 +290,7 @@ def test_torchrun_launch_trains_the_same_parameters_and_stops_on_the_signal(refe
     # kill -9 of one worker
     metrics = str(tmp_path / "k.jsonl")
     p = _torchrun(2, str(tmp_path / "c"), 100000, sleep_s=0.05, metrics=metrics)
-    _wait_step(metrics, 5)
+    wait_step(metrics, 5)
     workers = subprocess.run(["pgrep", "-f", f"reference --dir {tmp_path / 'c'}"], capture_output=True,
                              text=True).stdout.split()
     workers = [w for w in workers if int(w) != p.pid]
