@@ -105,3 +105,14 @@ def test_without_the_adapter_the_script_loses_its_work_and_its_batch(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["p1.pt", "p2.pt"]                       # ... with nothing saved
     rc, out, err = _done(_run("train_plain.py", 2, tmp_path, "p3", 1))
     assert rc == 0 and out.splitlines()[0].startswith("epoch 0 ")      # its rerun trains epoch 0 again
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"global_batch": 0}, "global_batch"), ({"global_batch": 2.5}, "global_batch"),
+    ({"global_batch": 8, "micro_batch": 0}, "micro_batch"),
+    ({"global_batch": 8, "checkpoint_every_s": -1}, "checkpoint_every_s")])
+def test_bad_settings_are_clear_errors(tmp_path, kwargs, needle):
+    from malletrain.adapters.ddp import Malleable
+    from malletrain.domain.errors import InputError
+    with pytest.raises(InputError, match=needle):
+        Malleable(str(tmp_path / "ck"), env={}, **kwargs)

@@ -71,8 +71,12 @@ class Malleable:
                  env: dict[str, str] | None = None) -> None:
         env = dict(os.environ) if env is None else env
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        if global_batch < self.world:
-            raise InputError(f"global_batch {global_batch} is smaller than the {self.world} processes")
+        if not isinstance(global_batch, int) or global_batch < self.world:
+            raise InputError(f"global_batch must be an integer >= the {self.world} processes, got {global_batch!r}")
+        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
+            raise InputError(f"micro_batch must be an integer >= 1 (or None), got {micro_batch!r}")
+        if not checkpoint_every_s >= 0:
+            raise InputError(f"checkpoint_every_s must be >= 0 (0: only when stopping), got {checkpoint_every_s!r}")
         self.global_batch, self.seed = int(global_batch), int(seed)
         share = math.ceil(self.global_batch / self.world)
         self.accumulation = max(1, math.ceil(share / micro_batch)) if micro_batch else 1
