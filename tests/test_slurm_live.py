@@ -533,7 +533,7 @@ def test_ddp_script_under_torchrun_is_resized_killed_and_preempted_and_finishes(
 
     import torch
     cluster = clean
-    epochs = 250            # 5 optimizer steps an epoch: 1,250 steps
+    epochs = 200            # 5 optimizer steps an epoch: 1,000 steps
     run = ["--epochs", str(epochs), "--out", str(tmp_path / "model.pt"), "--ckpt", str(tmp_path / "ckpt")]
     out = subprocess.run(
         [sys.executable, "-m", "malletrain", "submit", "--name", "ddp", "--min-nodes", "1", "--max-nodes", "4",
