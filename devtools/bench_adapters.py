@@ -33,14 +33,9 @@ DDP = os.path.join(ROOT, "examples", "train", "ddp")
 
 
 def _launch(script: str, procs: int, args: list[str], metrics: str | None = None) -> subprocess.Popen:
-    from malletrain.runtime.selfcheck import free_port
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MALLETRAIN_GRACE_S="30", PYTHONPATH=ROOT)
-    if metrics:
-        env["MALLETRAIN_METRICS"] = metrics
-    return subprocess.Popen([sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(procs),
-                             "--", os.path.join(DDP, script), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    from malletrain.runtime.selfcheck import torchrun_local
+    env = {"MALLETRAIN_GRACE_S": "30", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
+    return torchrun_local([os.path.join(DDP, script), *args], procs, env=env)
 
 
 def _loop_s(p: subprocess.Popen) -> float:

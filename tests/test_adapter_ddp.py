@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 from helpers import progress_records, wait_step
 
-from malletrain.runtime.selfcheck import free_port
+from malletrain.runtime.selfcheck import torchrun_local
 
 pytestmark = pytest.mark.torch
 
@@ -25,14 +24,9 @@ DDP_DIR = os.path.join(ROOT, "examples", "train", "ddp")
 
 
 def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MALLETRAIN_GRACE_S="10", PYTHONPATH=ROOT)
-    if metrics:
-        env["MALLETRAIN_METRICS"] = metrics
-    argv = [sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(procs), "--",
-            os.path.join(DDP_DIR, script), "--epochs", str(epochs), "--out", str(tmp / f"{name}.pt"), *extra]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
+    return torchrun_local([os.path.join(DDP_DIR, script), "--epochs", str(epochs), "--out", str(tmp / f"{name}.pt"),
+                           *extra], procs, env=env)
 
 
 def _done(p, timeout=300):

@@ -15,7 +15,7 @@ import pytest
 from helpers import progress_records, wait_step
 
 from malletrain.runtime.checkpoint import CheckpointStore
-from malletrain.runtime.selfcheck import Launcher, Plan, free_port
+from malletrain.runtime.selfcheck import Launcher, Plan, free_port, torchrun_local
 
 pytestmark = pytest.mark.torch
 torch = None   # imported by the fixture below, so that the fast tier can collect (and deselect) this file
@@ -243,15 +243,10 @@ def test_deadline_forces_the_checkpoint_of_the_last_boundary(tmp_path, launcher)
 # ---------------------------------------------------------------- --launch torchrun (no Slurm)
 def _torchrun(procs, ckpt, until, *, sleep_s=0.0, metrics=None, grace_s=10):
     """The wrapper the torchrun launch runs on each node, here one node with ``procs`` workers."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MALLETRAIN_GRACE_S=str(grace_s),
-               PYTHONPATH=ROOT)
-    if metrics:
-        env["MALLETRAIN_METRICS"] = metrics
-    argv = [sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(procs), "--",
-            "-m", "malletrain.runtime.reference", "--dir", ckpt, "--until", str(until), "--step-sleep-s", str(sleep_s)]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    env = {"MALLETRAIN_GRACE_S": str(grace_s), "PYTHONPATH": ROOT,
+           **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
+    return torchrun_local(["-m", "malletrain.runtime.reference", "--dir", ckpt, "--until", str(until),
+                           "--step-sleep-s", str(sleep_s)], procs, env=env)
 
 
 def _sha(out: str) -> str:

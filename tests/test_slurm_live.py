@@ -543,14 +543,10 @@ def test_ddp_script_under_torchrun_is_resized_killed_and_preempted_and_finishes(
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip()
-    from malletrain.runtime.selfcheck import free_port
-    ref_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    ref_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                   PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ref = subprocess.Popen([sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", "1", "--",
-                            DDP_EXAMPLE, "--epochs", str(epochs), "--out", str(tmp_path / "ref.pt"),
-                            "--ckpt", str(tmp_path / "ref-ckpt")], env=ref_env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    from malletrain.runtime.selfcheck import torchrun_local
+    ref = torchrun_local([DDP_EXAMPLE, "--epochs", str(epochs), "--out", str(tmp_path / "ref.pt"),
+                          "--ckpt", str(tmp_path / "ref-ckpt")], 1,
+                         env={"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
     starts = lambda: [r for r in metrics_records(tmp_path, job) if r["event"] == "start"]     # noqa: E731
     d = DaemonProc(tmp_path, cluster).start()
     try:

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from malletrain.domain.errors import InputError
 from malletrain.runtime.checkpoint import CheckpointStore
+from malletrain.runtime.launch import discover
 from malletrain.runtime.logical import mix
 from malletrain.runtime.metrics import MetricsWriter
 from malletrain.runtime.signals import StopRequest
@@ -88,10 +89,8 @@ class Malleable:
         except ValueError:
             grace = 30.0
         self.stop = StopRequest(deadline_s=max(0.1, grace / 2)).install()
-        base = dict(job=env.get("MALLETRAIN_JOB") or env.get("SLURM_JOB_ID") or "local", world=self.world,
-                    nodes=_count(env.get("SLURM_JOB_NUM_NODES"), 1),
-                    node=env.get("SLURMD_NODENAME") or env.get("HOSTNAME") or "localhost",
-                    restart=_count(env.get("MALLETRAIN_RESTART"), 0))
+        info = discover(env)      # the job, restart, node count and node, as the runtime reads them
+        base = dict(job=info.job, world=self.world, nodes=info.nodes, node=info.node, restart=info.restart)
         self.metrics = MetricsWriter(env.get("MALLETRAIN_METRICS") if self.rank == 0 else None, base=base)
         self.global_step = 0          # optimizer steps done
         self.epoch = 0
@@ -108,7 +107,7 @@ class Malleable:
         self._prune = False
         self._reporter: Any = None
         self._t_step = time.perf_counter()
-        self._epochs: int | None = None
+        self._perm: tuple[int, int, list[int]] | None = None     # (epoch, dataset_len, permutation)
 
     # ---- data ------------------------------------------------------------------------------
     def sampler(self, dataset_len: int) -> _BatchSampler:
@@ -121,9 +120,10 @@ class Malleable:
 
     def micro_batches(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
         """This rank's micro-batches (sample indices) of step ``step_in_epoch`` of ``epoch``."""
-        g = torch.Generator().manual_seed(mix(self.seed, epoch))
-        perm = torch.randperm(dataset_len, generator=g)
-        batch = perm[step_in_epoch * self.global_batch:(step_in_epoch + 1) * self.global_batch].tolist()
+        if self._perm is None or self._perm[:2] != (epoch, dataset_len):     # drawn once per epoch
+            g = torch.Generator().manual_seed(mix(self.seed, epoch))
+            self._perm = (epoch, dataset_len, torch.randperm(dataset_len, generator=g).tolist())
+        batch = self._perm[2][step_in_epoch * self.global_batch:(step_in_epoch + 1) * self.global_batch]
         parts = self.world * self.accumulation
         cuts = [len(batch) * i // parts for i in range(parts + 1)]
         mine = range(self.rank * self.accumulation, (self.rank + 1) * self.accumulation)
@@ -136,7 +136,6 @@ class Malleable:
 
     def epochs(self, total: int) -> Iterator[int]:
         """The epochs left to train (from the restored one); after the last, the run is done."""
-        self._epochs = total
         while self.epoch < total:
             yield self.epoch
             if self.per_epoch and self.in_epoch >= self.per_epoch:
@@ -250,9 +249,9 @@ class Malleable:
                 from malletrain.campaign.trial import Reporter
                 self._reporter = Reporter.from_env() or False
             if self._reporter:
-                where = {"steps": self.global_step, "samples": self.samples, "epochs": self.epoch}
-                prune = self._reporter.report(float(value), **where)
-                promise = None if prune else self._reporter.promise(**where)
+                from malletrain.campaign.trial import reporter_verdict
+                prune, promise = reporter_verdict(self._reporter, value, steps=self.global_step,
+                                                  samples=self.samples, epochs=self.epoch)
                 if promise is not None:
                     extra["promise"] = promise
         self.metrics.record("metric", step=self.global_step, samples=self.samples, step_s=0.0, value=float(value),
@@ -295,10 +294,6 @@ class _BatchSampler:
 
     def __len__(self) -> int:
         return max(0, self.owner.per_epoch - self.owner.in_epoch) * self.owner.accumulation
-
-
-def _count(raw: str | None, default: int) -> int:
-    return int(raw) if raw and raw.isdigit() and len(raw) < 8 else default
 
 
 def _module(model):

@@ -97,6 +97,16 @@ class Reporter:
         return False
 
 
+def reporter_verdict(reporter: Reporter, value: float, *, steps: int, samples: int,
+                     epochs: int) -> tuple[bool, float | None]:
+    """A training loop's report at validation, as both the runtime and the adapters make it:
+    (whether the pruner stops the trial now, the promise the ``metric`` record carries: only
+    when the trial goes on)."""
+    where = {"steps": steps, "samples": samples, "epochs": epochs}
+    prune = reporter.report(float(value), **where)
+    return prune, (None if prune else reporter.promise(**where))
+
+
 def exit_record(reason: str, env: Mapping[str, str] = os.environ) -> None:
     """Append an ``exit`` record to the job's progress file (when it has one): what the daemon
     reads to know that the job is over."""

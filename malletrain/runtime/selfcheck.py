@@ -76,6 +76,18 @@ def spawn_ranks(argv: list[str], procs: int, *, env: dict | None = None,
             for rank in range(procs)]
 
 
+def torchrun_local(target: list[str], procs: int, *, env: dict | None = None) -> subprocess.Popen:
+    """``python -m malletrain.runtime.torchrun --nproc-per-node procs -- TARGET`` on this host:
+    the wrapper ``submit --launch torchrun`` runs on each node, here with a fresh loopback
+    rendezvous.  This process's environment less its launcher variables, plus ``env``; output
+    piped (text); a session of its own, so that a signal sent to it reaches it alone."""
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "malletrain.runtime.torchrun", "--nproc-per-node", str(procs),
+                             "--", *target], env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
 class Launcher:
     def __init__(self, *, workers: int, mode: str, micro_batch: int = 8, seed: int = 0,
                  timeout_s: float = 300.0, python: str = sys.executable) -> None:

@@ -284,10 +284,10 @@ class Runtime:
         if self.info.rank == 0 and not self._at_end and not self._prune:
             reporter = self._trial_reporter()
             if reporter is not None:
+                from malletrain.campaign.trial import reporter_verdict
                 epochs = self.step // self.per_epoch if self.per_epoch else 0
-                where = {"steps": self.step, "samples": self.samples, "epochs": epochs}
-                prune = reporter.report(value, **where)
-                promise = None if prune else reporter.promise(**where)
+                prune, promise = reporter_verdict(reporter, value, steps=self.step, samples=self.samples,
+                                                  epochs=epochs)
                 if promise is not None:      # the daemon reorders its owner's trials by it
                     extra["promise"] = promise
         self.metrics.record("metric", step=self.step, samples=self.samples, step_s=0.0, value=value,
