@@ -239,6 +239,63 @@ def test_kill_9_inside_the_ask_loses_no_point_of_the_grid(tmp_path, sampler):
         assert sorted(points) == sorted((lr, w) for lr in (0.01, 0.1) for w in (16, 32, 64))
 
 
+_DIE_AT = """
+import os, sys
+from malletrain.campaign import slots, study as st
+spec = slots.thawed(sys.argv[1])
+slot, where = sys.argv[2], sys.argv[3]
+real_suggest, real_failed, calls = st._suggest, st.Study.failed, []
+def suggest(trial, key, dom):
+    calls.append(key)
+    if where == "ask" and len(calls) == 2:
+        os.kill(os.getpid(), 9)      # inside Optuna's ask: one parameter of two
+    return real_suggest(trial, key, dom)
+def failed(self, number):
+    if where == "retry-before-close":
+        os.kill(os.getpid(), 9)
+    out = real_failed(self, number)
+    if where == "retry-after-close":
+        os.kill(os.getpid(), 9)
+    return out
+st._suggest, st.Study.failed = suggest, failed
+slots.bind(spec, slot, st.open_study(spec))
+"""
+
+
+@pytest.mark.parametrize("second", ["ask", "retry-before-close", "retry-after-close"])
+def test_a_second_kill_9_inside_the_retry_loses_no_point_of_the_grid(tmp_path, second):
+    """A trial killed half-asked is queued again by the next bind; that bind is killed too: in
+    the queued trial's own ask (it has one parameter of two and no grid id of its own: its
+    point comes from the queue), or in the retry, before or after the half-asked trial is closed.
+    Every point of the grid is still trained exactly once."""
+    text = SPEC.replace("sampler: random", "sampler: grid").replace(
+        "lr: {log_uniform: [0.001, 0.1]}", "lr: [0.01, 0.1]").replace("trials: 5", "trials: 6")
+    spec = _spec(tmp_path, text)
+    sb = Sbatch()
+    _tick(spec, sb)
+    for slot, where in (("s000", "ask"), ("s001", second)):
+        died = subprocess.run([sys.executable, "-c", _DIE_AT, spec.dir, slot, where], timeout=120)
+        assert died.returncode == -signal.SIGKILL
+    study = open_study(spec)
+    points = []
+    for k in range(6):
+        slot = _ledger(spec)[k]["id"] if k < len(_ledger(spec)) else None
+        if slot is None:
+            _tick(spec, sb, study=study)
+            slot = _ledger(spec)[k]["id"]
+        b = slots.bind(spec, slot, study)
+        points.append((b.params["lr"], b.params["width"]))
+        _finish(spec, b.number, 0.5)
+        slots.close_out(spec, slot, study, rc=0, stopped=False)
+    views = study.trials()
+    assert sorted(points) == sorted((lr, w) for lr in (0.01, 0.1) for w in (16, 32, 64)), views
+    # the half-asked point came back from the queue, not from the grid sampler's random re-pick
+    # of an exhausted grid (which may or may not hit the lost point)
+    (again,) = [v for v in views if v.state == "complete" and v.retry_of is not None]
+    assert again.params["lr"] == views[0].params["lr"], views
+    assert not any(v.state == "waiting" for v in views)          # nothing queued twice
+
+
 def test_kill_9_between_sbatch_and_the_ledger_finds_the_job_by_token(tmp_path):
     spec = _spec(tmp_path)
     sb = Sbatch()

@@ -259,10 +259,11 @@ def test_campaign_survives_preemptions_daemon_kills_and_a_slurmctld_restart(clea
     assert len(rows) == 12 and all(r["state"] in ("done", "pruned") for r in rows), rows
     assert len({r["trial"] for r in rows}) == 12
     grid = {(lr, depth, width) for lr in (0.02, 0.05, 0.1) for depth in (1, 2) for width in (16, 32)}
-    assert {(r["params"]["lr"], r["params"]["depth"], r["params"]["width"]) for r in rows} == grid
     from malletrain.campaign import slots
     from malletrain.campaign.study import open_study
     views = open_study(slots.thawed(str(camp))).trials()
+    assert {(r["params"]["lr"], r["params"]["depth"], r["params"]["width"]) for r in rows} == grid, \
+        (views, events)
     ran = [v for v in views if v.state in ("complete", "pruned")]
     assert sorted(v.number for v in ran) == sorted(r["trial"] for r in rows)
     # asked by a bind killed before the ledger named it: its parameters were asked again, or it was

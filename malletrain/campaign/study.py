@@ -21,8 +21,8 @@ and only when a study is opened.  Everything a campaign needs from Optuna goes t
   again) keeps the first value; a report or a close of a trial that is already closed changes
   nothing and says so.
 * **Retries.** The file journal has no heartbeats: a trial whose process died stays RUNNING in
-  Optuna.  Slurm's terminal states say what happened instead; :meth:`Study.retry` closes the
-  trial as failed and queues its parameters, so the next :meth:`Study.ask` (from any process)
+  Optuna.  Slurm's terminal states say what happened instead; :meth:`Study.retry` queues the
+  trial's parameters and closes it as failed, so the next :meth:`Study.ask` (from any process)
   gets them again, with ``retry_of`` naming the trial it repeats.
 """
 from __future__ import annotations
@@ -182,24 +182,35 @@ class Study:
         return self._tell(number, state=self._optuna.trial.TrialState.FAIL)
 
     def retry(self, number: int) -> bool:
-        """Close the trial as failed and queue its parameters for the next :meth:`ask`.  False (and
-        nothing queued) if it was closed already."""
-        if not self.failed(number):
-            return False
+        """Queue the trial's parameters for the next :meth:`ask` and close the trial as failed.
+        False (and nothing queued) if it was closed already.
+
+        Safe to repeat after a ``kill -9`` at any point: the parameters are queued first, at
+        most once per trial (the queued trial names it in ``retry_of``), and only then is the
+        trial closed.  The other order loses a grid point to a kill in between: the closed trial
+        counts as visited, and nothing repeats it."""
         frozen = self._storage.get_trial(self._trial_id(number))
-        params = self._asked_params(frozen)
+        if frozen.state.is_finished():
+            return False
+        queued = any(t.user_attrs.get("retry_of") == number
+                     for t in self._storage.get_all_trials(self._study_id, deepcopy=False))
+        params = None if queued else self._asked_params(frozen)
         if params is not None:
             self._study.enqueue_trial(params, user_attrs={"retry_of": number})
-        return True
+        return self.failed(number)
 
     def _asked_params(self, frozen) -> dict | None:
         """The parameters a trial was given, all of them when they can be known.  A process
-        killed while it was being asked leaves a trial with some parameters or none.  The grid
-        sampler fixed the trial's grid point when the trial was created (its ``grid_id``), and
-        the point gives them all.  Queueing some of them would make the grid sampler refuse
+        killed while it was being asked leaves a trial with some parameters or none.  A queued
+        trial (a retry) carries all of them from its start (Optuna's ``fixed_params``).  The grid
+        sampler fixed a new trial's grid point when the trial was created (its ``grid_id``),
+        and the point gives them all.  Queueing some of them would make the grid sampler refuse
         every later ask, so for the grid it is all or nothing (None: nothing queued).  Other
         samplers draw the missing ones."""
         params = dict(frozen.params)
+        fixed = frozen.system_attrs.get("fixed_params")
+        if isinstance(fixed, dict) and set(fixed) >= set(self.spec.space):
+            return {k: fixed[k] for k in self.spec.space}
         if self.spec.sampler != "grid" or set(params) >= set(self.spec.space):
             return params
         grid = _sampler(self.spec)                  # the study's grid, in the order it was asked
