@@ -18,9 +18,13 @@ pytestmark = pytest.mark.torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DDP_DIR = os.path.join(ROOT, "examples", "train", "ddp")
-# Parameters are ~1.  Two uninterrupted runs on 1 and 2 workers differ by up to 4e-7 after 300
-# steps and 9e-4 after 600 (float rounding, grown by training); an interrupted run must stay as
-# close to the 1-worker run as the 2-worker run is (twice that, for headroom).
+# Parameters are ~1.  After 400 steps, uninterrupted runs on 1 and 2 workers differ by 3e-7 to
+# 4e-7, and interrupted runs at 3 -> 2 -> 1 workers by up to 6e-6 from the 1-worker run (float
+# rounding: each world size sums in its own order, and training grows the difference; measured
+# over repeated runs).  A bound of twice the 1-vs-2 difference failed one run in five, so the
+# bound is fixed: 1e-4, 16x the largest seen, while another global batch moves the parameters by
+# more than 0.05 (the negative control below).
+ROUNDING_BOUND = 1e-4
 
 
 def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
@@ -48,8 +52,7 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
         rc, _, err = _done(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
                                 extra=["--ckpt", str(tmp_path / f"ck{procs}")]))
         assert rc == 0, err[-3000:]
-    rounding = _diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt")
-    assert rounding < 1e-2
+    assert _diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt") < ROUNDING_BOUND
     # 3 workers, SIGTERM (what srun forwards): checkpoint at a step boundary, exit 3
     metrics = str(tmp_path / "m.jsonl")
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
@@ -78,7 +81,7 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     assert [r["step"] for r in recs if r["event"] == "start"][1] == stop["step"]      # resumed where it stopped
     assert starts[-1]["step"] == stop["step"] and recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done"
     assert recs[-1]["step"] == 5 * epochs
-    assert _diff(tmp_path / "straight1.pt", tmp_path / "out.pt") <= 2 * rounding + 1e-6
+    assert _diff(tmp_path / "straight1.pt", tmp_path / "out.pt") < ROUNDING_BOUND
 
 
 @pytest.mark.slow
