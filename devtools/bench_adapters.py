@@ -1,11 +1,14 @@
 """What an adapter costs, per framework (issue #25): ``python -m devtools bench adapters``.
 
-For the DDP adapter (``examples/train/ddp``: the plain script and the same script made
-malleable), under the ``--launch torchrun`` wrapper on this machine (CPU, gloo, no Slurm):
+For each adapter (``examples/train/<framework>``: the plain script and the same script made
+malleable; ``--frameworks``), under the ``--launch torchrun`` wrapper on this machine (CPU, gloo,
+no Slurm):
 
 * **step-time overhead**: the plain and the malleable script train the same epochs on the same
   workers, alternately, ``--repeat`` times each; the ratio of the median wall times of their
-  training loops (from the first to the last epoch line; startup is not in it);
+  training loops (from the first to the last epoch line; startup is not in it) per sample: an
+  epoch of the plain script trains all 1,400 samples, one of the malleable script the 1,280 of
+  its 5 whole global batches of 256;
 * **signal → exit**: SIGTERM to the launch while the malleable script trains, until every worker
   has checkpointed the step boundary and exited (the ``exit`` record's ``signal_to_exit_s``, and
   the launch's own exit, seen from outside);
@@ -29,13 +32,18 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DDP = os.path.join(ROOT, "examples", "train", "ddp")
+EXAMPLES = os.path.join(ROOT, "examples", "train")
+# framework -> (its name in the report, what the plain script needs to run on `procs` workers)
+PLAIN_SAMPLES, MALLEABLE_SAMPLES = 1400, 1280         # trained per epoch (module docstring)
+FRAMEWORKS = {"ddp": ("DDP", lambda procs: []),
+              "lightning": ("Lightning", lambda procs: ["--devices", str(procs)])}
 
 
-def _launch(script: str, procs: int, args: list[str], metrics: str | None = None) -> subprocess.Popen:
+def _launch(framework: str, script: str, procs: int, args: list[str],
+            metrics: str | None = None) -> subprocess.Popen:
     from malletrain.runtime.selfcheck import torchrun_local
     env = {"MALLETRAIN_GRACE_S": "30", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun_local([os.path.join(DDP, script), *args], procs, env=env)
+    return torchrun_local([os.path.join(EXAMPLES, framework, script), *args], procs, env=env)
 
 
 def _loop_s(p: subprocess.Popen) -> float:
@@ -69,18 +77,19 @@ def _wait(path: str, pred, timeout_s: float = 120.0) -> dict:
     raise RuntimeError(f"timed out waiting in {path}")
 
 
-def bench_ddp(procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
+def bench(framework: str, procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
     plain, mine = [], []
+    plain_args = FRAMEWORKS[framework][1](procs)
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeat):
-            plain.append(_loop_s(_launch("train_plain.py", procs, ["--epochs", str(epochs),
-                                                                    "--out", f"{d}/p{i}.pt"])))
-            mine.append(_loop_s(_launch("train_malleable.py", procs, ["--epochs", str(epochs), "--out",
-                                                                       f"{d}/m{i}.pt", "--ckpt", f"{d}/c{i}"])))
+            plain.append(_loop_s(_launch(framework, "train_plain.py", procs,
+                                         ["--epochs", str(epochs), "--out", f"{d}/p{i}.pt", *plain_args])))
+            mine.append(_loop_s(_launch(framework, "train_malleable.py", procs,
+                                        ["--epochs", str(epochs), "--out", f"{d}/m{i}.pt", "--ckpt", f"{d}/c{i}"])))
         # stop, rescale, resume
         metrics = f"{d}/m.jsonl"
         args = ["--epochs", "100000", "--out", f"{d}/s.pt", "--ckpt", f"{d}/stop"]
-        p = _launch("train_malleable.py", procs, args, metrics)
+        p = _launch(framework, "train_malleable.py", procs, args, metrics)
         _wait(metrics, lambda r: r.get("event") == "progress" and r.get("step", 0) >= 200)
         t0 = time.perf_counter()
         p.send_signal(signal.SIGTERM)
@@ -90,7 +99,7 @@ def bench_ddp(procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
         write = [r for r in _records(metrics) if r.get("event") == "checkpoint"][-1]
         n = len(_records(metrics))
         t1 = time.perf_counter()
-        p = _launch("train_malleable.py", procs + 1, args, metrics)
+        p = _launch(framework, "train_malleable.py", procs + 1, args, metrics)
         start = _wait(metrics, lambda r: r.get("event") == "start" and r.get("world") == procs + 1)
         t_start = time.perf_counter() - t1
         _wait(metrics, lambda r: r.get("event") == "progress" and r.get("world") == procs + 1)
@@ -98,9 +107,9 @@ def bench_ddp(procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=120)
         assert len(_records(metrics)) > n
-    return {"procs": procs, "epochs": epochs, "repeat": repeat,
+    return {"framework": framework, "procs": procs, "epochs": epochs, "repeat": repeat,
             "plain_epoch_s": statistics.median(plain), "malleable_epoch_s": statistics.median(mine),
-            "overhead": statistics.median(mine) / statistics.median(plain),
+            "overhead": (statistics.median(mine) / MALLEABLE_SAMPLES) / (statistics.median(plain) / PLAIN_SAMPLES),
             "signal_to_exit_s": stop.get("signal_to_exit_s"), "signal_to_launch_exit_s": round(outside_s, 3),
             "checkpoint_write_s": write.get("write_s"), "checkpoint_bytes": write.get("bytes"),
             "restore_s": start.get("restore_s"), "launch_to_start_s": round(t_start, 3),
@@ -109,10 +118,12 @@ def bench_ddp(procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
 
 def report(fig: dict) -> list[str]:
     return [
-        f"DDP adapter, {fig['procs']} workers (CPU, gloo), examples/train/ddp, "
+        f"{FRAMEWORKS[fig['framework']][0]} adapter, {fig['procs']} workers (CPU, gloo), "
+        f"examples/train/{fig['framework']}, "
         f"{fig['epochs']} epochs x {fig['repeat']}:",
-        f"  step-time overhead: {fig['overhead']:.3f}x (median epoch {fig['malleable_epoch_s'] * 1e3:.1f} ms "
-        f"with the adapter vs. {fig['plain_epoch_s'] * 1e3:.1f} ms plain)",
+        f"  step-time overhead: {fig['overhead']:.3f}x per sample "
+        f"(median epoch {fig['malleable_epoch_s'] * 1e3:.1f} ms for {MALLEABLE_SAMPLES} samples with the adapter "
+        f"vs. {fig['plain_epoch_s'] * 1e3:.1f} ms for {PLAIN_SAMPLES} plain)",
         f"  signal -> exit: {fig['signal_to_exit_s']} s (exit record); the launch exited "
         f"{fig['signal_to_launch_exit_s']} s after SIGTERM, seen from outside",
         f"  checkpoint write {fig['checkpoint_write_s']} s ({fig['checkpoint_bytes']} bytes), "
@@ -128,14 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                   help=f"which adapters, comma-separated (default: {','.join(FRAMEWORKS)})")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
-    fig = bench_ddp(args.procs, args.epochs, args.repeat)
-    for line in report(fig):
-        print(line, flush=True)
+    chosen = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    unknown = [f for f in chosen if f not in FRAMEWORKS]
+    if unknown or not chosen:
+        print(f"bench adapters: unknown framework(s) {', '.join(unknown) or '(none)'}; "
+              f"choose from {', '.join(FRAMEWORKS)}", file=sys.stderr)
+        return 2
+    figs = {}
+    for framework in chosen:
+        figs[framework] = fig = bench(framework, args.procs, args.epochs, args.repeat)
+        for line in report(fig):
+            print(line, flush=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"ddp": fig}, fh, indent=1)
+            json.dump(figs, fh, indent=1)
     return 0
 
 

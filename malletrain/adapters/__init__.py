@@ -6,10 +6,14 @@ at any world size with the same global batch, write progress and metric records 
 daemon's profiler and a campaign's pruner), and exit 3 when the work is not finished so that
 the batch script requeues the job.
 
+* :mod:`malletrain.adapters.contract` — what they share: the settings, the world-size
+  independent data plan (global batch, micro-batches, accumulation), the stop flag, the records.
 * :mod:`malletrain.adapters.ddp` — a plain PyTorch DDP loop (``torchrun``,
   ``malletrain submit --launch torchrun``).
+* :mod:`malletrain.adapters.lightning` — a PyTorch Lightning 2.x ``Trainer`` (a callback and a
+  checkpoint I/O plugin; the ``lightning`` extra), under torchrun too.
 
 The room imports ``runtime`` (checkpoints, stop signals, progress records, a campaign trial's
 reporter) and ``domain``; the frameworks are imported by the adapter that needs them (the
-``train`` extra), never by the daemon.
+``train`` and ``lightning`` extras), never by the daemon.
 """

@@ -40,9 +40,6 @@ the same epoch and step.  A pruned trial exits 0 at once.  Progress (``start``, 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -50,89 +47,36 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract
 from malletrain.domain.errors import InputError
-from malletrain.runtime.checkpoint import CheckpointStore
-from malletrain.runtime.launch import discover
-from malletrain.runtime.logical import mix
-from malletrain.runtime.metrics import MetricsWriter
-from malletrain.runtime.signals import StopRequest
 
 log = logging.getLogger("malletrain.adapters.ddp")
 
-EXIT_STOPPED = 3
-STOP, CKPT, PRUNE = range(3)
 
-
-class Malleable:
+class Malleable(Contract):
     """A DDP loop's side of the contract (module docstring).  Create it after
     ``init_process_group`` (or without one: a single process)."""
 
     def __init__(self, checkpoint_dir: str, *, global_batch: int, micro_batch: int | None = None,
                  seed: int = 0, checkpoint_every_s: float = 60.0, keep: int = 3,
                  env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ) if env is None else env
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        if not isinstance(global_batch, int) or global_batch < self.world:
-            raise InputError(f"global_batch must be an integer >= the {self.world} processes, got {global_batch!r}")
-        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
-            raise InputError(f"micro_batch must be an integer >= 1 (or None), got {micro_batch!r}")
-        if not checkpoint_every_s >= 0:
-            raise InputError(f"checkpoint_every_s must be >= 0 (0: only when stopping), got {checkpoint_every_s!r}")
-        self.global_batch, self.seed = int(global_batch), int(seed)
-        share = math.ceil(self.global_batch / self.world)
-        self.accumulation = max(1, math.ceil(share / micro_batch)) if micro_batch else 1
-        self.checkpoint_every_s = float(checkpoint_every_s)
-        self.store = CheckpointStore(checkpoint_dir, keep)
-        os.makedirs(checkpoint_dir, mode=0o700, exist_ok=True)
-        try:
-            grace = float(env.get("MALLETRAIN_GRACE_S") or 30.0)
-        except ValueError:
-            grace = 30.0
-        self.stop = StopRequest(deadline_s=max(0.1, grace / 2)).install()
-        info = discover(env)      # the job, restart, node count and node, as the runtime reads them
-        base = dict(job=info.job, world=self.world, nodes=info.nodes, node=info.node, restart=info.restart)
-        self.metrics = MetricsWriter(env.get("MALLETRAIN_METRICS") if self.rank == 0 else None, base=base)
-        self.global_step = 0          # optimizer steps done
-        self.epoch = 0
-        self.in_epoch = 0             # steps done in the current epoch
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        super().__init__(checkpoint_dir, rank=rank, world=world, global_batch=global_batch,
+                         micro_batch=micro_batch, seed=seed, checkpoint_every_s=checkpoint_every_s, keep=keep,
+                         env=env, mode="ddp")
         self.per_epoch = 0            # steps per epoch (set by sampler())
-        self.finished = False
-        self.stopped: str | None = None
         self._micro = 0
         self._model: Any = None
         self._optimizer: Any = None
         self._scheduler: Any = None
-        self._last_ckpt_t = time.monotonic()
         self._saved_step = -1
-        self._prune = False
-        self._reporter: Any = None
-        self._t_step = time.perf_counter()
-        self._perm: tuple[int, int, list[int]] | None = None     # (epoch, dataset_len, permutation)
 
     # ---- data ------------------------------------------------------------------------------
     def sampler(self, dataset_len: int) -> _BatchSampler:
         """The ``batch_sampler`` for the DataLoader: this rank's micro-batches of each global
         step, from where the run stands (epoch, step in it)."""
-        self.per_epoch = dataset_len // self.global_batch
-        if self.per_epoch < 1:
-            raise InputError(f"dataset of {dataset_len} samples is smaller than one global batch ({self.global_batch})")
+        self.per_epoch = self.steps_per_epoch(dataset_len)
         return _BatchSampler(self, dataset_len)
-
-    def micro_batches(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
-        """This rank's micro-batches (sample indices) of step ``step_in_epoch`` of ``epoch``."""
-        if self._perm is None or self._perm[:2] != (epoch, dataset_len):     # drawn once per epoch
-            g = torch.Generator().manual_seed(mix(self.seed, epoch))
-            self._perm = (epoch, dataset_len, torch.randperm(dataset_len, generator=g).tolist())
-        batch = self._perm[2][step_in_epoch * self.global_batch:(step_in_epoch + 1) * self.global_batch]
-        parts = self.world * self.accumulation
-        cuts = [len(batch) * i // parts for i in range(parts + 1)]
-        mine = range(self.rank * self.accumulation, (self.rank + 1) * self.accumulation)
-        return [batch[cuts[i]:cuts[i + 1]] for i in mine]
-
-    def weight(self, n: int) -> float:
-        """What a micro-batch of ``n`` samples' mean loss is multiplied by: its share of the
-        global batch, times the world size (DDP averages the ranks' gradients)."""
-        return n * self.world / self.global_batch
 
     def epochs(self, total: int) -> Iterator[int]:
         """The epochs left to train (from the restored one); after the last, the run is done."""
@@ -169,8 +113,7 @@ class Malleable:
             log.info("restored %s (step %d, epoch %d) in %.3fs", chosen.path, self.global_step, self.epoch,
                      chosen.read_s)
         self._saved_step = self.global_step
-        self.metrics.record("start", step=self.global_step, samples=self.samples, step_s=0.0, mode="ddp",
-                            restore_s=round(chosen.read_s, 4) if chosen is not None else 0.0)
+        self.started(chosen.read_s if chosen is not None else 0.0)
         log.info("rank %d/%d resumes at step %d (epoch %d); %d micro-batch(es) of the global batch %d per step",
                  self.rank, self.world, self.global_step, self.epoch, self.accumulation, self.global_batch)
         return self.global_step
@@ -188,15 +131,10 @@ class Malleable:
         t0 = time.perf_counter()
         if self.rank == 0:
             saved = self.store.save(self.global_step, self.state())
-            self.metrics.record("checkpoint", step=self.global_step, samples=self.samples, step_s=0.0,
-                                write_s=round(time.perf_counter() - t0, 4), bytes=saved.bytes)
+            self.saved(time.perf_counter() - t0, saved.bytes)
         if dist.is_initialized():
             dist.barrier()
-        self._saved_step, self._last_ckpt_t = self.global_step, time.monotonic()
-
-    @property
-    def samples(self) -> int:
-        return self.global_step * self.global_batch
+        self._saved_step = self.global_step
 
     # ---- the loop --------------------------------------------------------------------------
     def step(self, optimizer=None, scheduler=None) -> bool:
@@ -214,16 +152,7 @@ class Malleable:
         sched = scheduler or self._scheduler
         if sched is not None:
             sched.step()
-        self.global_step += 1
-        self.in_epoch += 1
-        now = time.perf_counter()
-        self.metrics.record("progress", step=self.global_step, samples=self.samples,
-                            step_s=round(now - self._t_step, 5))
-        self._t_step = now
-        flags = torch.tensor([float(self.stop.requested), 0.0, float(self._prune)])
-        every = self.checkpoint_every_s
-        if self.rank == 0 and every and time.monotonic() - self._last_ckpt_t >= every:
-            flags[CKPT] = 1.0
+        flags = self.stepped()
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if flags[PRUNE] > 0 or flags[STOP] > 0:
@@ -238,46 +167,15 @@ class Malleable:
             self.checkpoint()
         return True
 
-    def report(self, value: float, **fields: float) -> bool:
-        """A validation value at this step: a ``metric`` record, and in a campaign trial the
-        study's pruner is asked (rank 0; the verdict is agreed at the next step).  Returns whether
-        the trial is being pruned."""
-        extra = {k: float(v) for k, v in fields.items()}
-        prune = False
-        if self.rank == 0 and not self._prune:
-            if self._reporter is None:
-                from malletrain.campaign.trial import Reporter
-                self._reporter = Reporter.from_env() or False
-            if self._reporter:
-                from malletrain.campaign.trial import reporter_verdict
-                prune, promise = reporter_verdict(self._reporter, value, steps=self.global_step,
-                                                  samples=self.samples, epochs=self.epoch)
-                if promise is not None:
-                    extra["promise"] = promise
-        self.metrics.record("metric", step=self.global_step, samples=self.samples, step_s=0.0, value=float(value),
-                            prune=prune, **extra)
-        self._prune = self._prune or prune
-        return self._prune
-
     def close(self) -> int:
         """The final checkpoint (when the run did not stop), the exit record; the exit status for
         the script: 0 (done or pruned) or 3 (stopped: the job must be requeued)."""
         if self.stopped is None:
             self.checkpoint()
-        since = self.stop.since_s()
-        reason = "done" if self.finished else (self.stopped or "closed")
-        if since is not None:
-            log.warning("stop: %s -> checkpoint of step %d and exit %.2fs after the signal",
-                        self.stop.name(), self.global_step, since)
-        self.metrics.record("exit", step=self.global_step, samples=self.samples, step_s=0.0, reason=reason,
-                            signal=self.stop.name() if since is not None else None,
-                            signal_to_exit_s=round(since, 3) if since is not None else None)
-        self.metrics.close()
-        self.stop.uninstall()
-        sys.stdout.flush()
+        status = self.exit_record(log)
         if dist.is_initialized():
             dist.barrier()      # every rank is past its last collective before any leaves the group
-        return EXIT_STOPPED if self.stopped == "signal" else 0
+        return status
 
 
 class _BatchSampler:

@@ -1,0 +1,169 @@
+"""What every adapter shares: the settings, the data plan, the stop flag, the records.
+
+:class:`Contract` holds one process's side of the harvester's contract, whatever the framework:
+
+* **Settings**, checked before anything is installed: ``global_batch`` (kept at every world
+  size), ``micro_batch`` (the most samples one backward pass takes; the accumulation count ``A``
+  follows from it and the world size), ``seed`` (the data order), ``checkpoint_every_s``.
+* **The data plan** (:meth:`Contract.micro_batches`): step ``k`` of epoch ``e`` trains on samples
+  ``perm_e[k·G : (k+1)·G]`` of a permutation seeded by (seed, epoch), the same samples whatever
+  the number of processes ``W``; they are cut into ``W·A`` near-equal micro-batches and rank
+  ``r`` takes ``A`` of them.  :meth:`Contract.weight` scales a micro-batch's mean loss so that the
+  gradient applied is the global batch's mean gradient at every ``W``.
+* **The stop flag**: SIGTERM/SIGUSR2 set it (:class:`~malletrain.runtime.signals.StopRequest`);
+  the framework's adapter agrees on it across ranks at a step boundary.
+* **Records** for the daemon's profiler and a campaign's pruner (``start``, ``progress``,
+  ``checkpoint``, ``metric``, ``exit``, as the runtime writes them) and a campaign trial's report
+  (:meth:`Contract.report`).
+
+It imports torch (the ``train`` extra) but no framework; each adapter module adds its framework.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from malletrain.domain.errors import InputError
+from malletrain.runtime.checkpoint import CheckpointStore
+from malletrain.runtime.launch import discover
+from malletrain.runtime.logical import mix
+from malletrain.runtime.metrics import MetricsWriter
+from malletrain.runtime.signals import StopRequest
+
+EXIT_STOPPED = 3
+STOP, CKPT, PRUNE = range(3)
+
+
+class Contract:
+    """One process's side of the contract (module docstring).  ``rank``/``world``: this process
+    in the job's current world."""
+
+    def __init__(self, checkpoint_dir: str, *, rank: int, world: int, global_batch: int,
+                 micro_batch: int | None, seed: int, checkpoint_every_s: float, keep: int,
+                 env: dict[str, str] | None, mode: str) -> None:
+        env = dict(os.environ) if env is None else env
+        self.rank, self.world, self.mode = rank, world, mode
+        if not isinstance(global_batch, int) or global_batch < self.world:
+            raise InputError(f"global_batch must be an integer >= the {self.world} processes, got {global_batch!r}")
+        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
+            raise InputError(f"micro_batch must be an integer >= 1 (or None), got {micro_batch!r}")
+        if not checkpoint_every_s >= 0:
+            raise InputError(f"checkpoint_every_s must be >= 0 (0: only when stopping), got {checkpoint_every_s!r}")
+        self.global_batch, self.seed = int(global_batch), int(seed)
+        share = math.ceil(self.global_batch / self.world)
+        self.accumulation = max(1, math.ceil(share / micro_batch)) if micro_batch else 1
+        self.checkpoint_every_s = float(checkpoint_every_s)
+        self.store = CheckpointStore(checkpoint_dir, keep)
+        os.makedirs(checkpoint_dir, mode=0o700, exist_ok=True)
+        try:
+            grace = float(env.get("MALLETRAIN_GRACE_S") or 30.0)
+        except ValueError:
+            grace = 30.0
+        self.stop = StopRequest(deadline_s=max(0.1, grace / 2)).install()
+        info = discover(env)      # the job, restart, node count and node, as the runtime reads them
+        base = dict(job=info.job, world=self.world, nodes=info.nodes, node=info.node, restart=info.restart)
+        self.metrics = MetricsWriter(env.get("MALLETRAIN_METRICS") if self.rank == 0 else None, base=base)
+        self.global_step = 0          # optimizer steps done
+        self.epoch = 0
+        self.in_epoch = 0             # steps done in the current epoch
+        self.finished = False
+        self.stopped: str | None = None
+        self._prune = False
+        self._reporter: Any = None
+        self._last_ckpt_t = time.monotonic()
+        self._t_step = time.perf_counter()
+        self._perm: tuple[int, int, list[int]] | None = None     # (epoch, dataset_len, permutation)
+
+    @property
+    def samples(self) -> int:
+        return self.global_step * self.global_batch
+
+    # ---- data ------------------------------------------------------------------------------
+    def steps_per_epoch(self, dataset_len: int) -> int:
+        steps = dataset_len // self.global_batch
+        if steps < 1:
+            raise InputError(f"dataset of {dataset_len} samples is smaller than one global batch ({self.global_batch})")
+        return steps
+
+    def micro_batches(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
+        """This rank's micro-batches (sample indices) of step ``step_in_epoch`` of ``epoch``."""
+        if self._perm is None or self._perm[:2] != (epoch, dataset_len):     # drawn once per epoch
+            g = torch.Generator().manual_seed(mix(self.seed, epoch))
+            self._perm = (epoch, dataset_len, torch.randperm(dataset_len, generator=g).tolist())
+        batch = self._perm[2][step_in_epoch * self.global_batch:(step_in_epoch + 1) * self.global_batch]
+        parts = self.world * self.accumulation
+        cuts = [len(batch) * i // parts for i in range(parts + 1)]
+        mine = range(self.rank * self.accumulation, (self.rank + 1) * self.accumulation)
+        return [batch[cuts[i]:cuts[i + 1]] for i in mine]
+
+    def weight(self, n: int) -> float:
+        """What a micro-batch of ``n`` samples' mean loss is multiplied by: its share of the
+        global batch, times the world size (DDP averages the ranks' gradients)."""
+        return n * self.world / self.global_batch
+
+    # ---- the step boundary -----------------------------------------------------------------
+    def stepped(self) -> torch.Tensor:
+        """Count an optimizer step, write its progress record, and return this rank's flags
+        (stop, checkpoint due, pruned) for the ranks to agree on (MAX all-reduce)."""
+        self.global_step += 1
+        self.in_epoch += 1
+        now = time.perf_counter()
+        self.metrics.record("progress", step=self.global_step, samples=self.samples,
+                            step_s=round(now - self._t_step, 5))
+        self._t_step = now
+        flags = torch.tensor([float(self.stop.requested), 0.0, float(self._prune)])
+        every = self.checkpoint_every_s
+        if self.rank == 0 and every and time.monotonic() - self._last_ckpt_t >= every:
+            flags[CKPT] = 1.0
+        return flags
+
+    # ---- records ---------------------------------------------------------------------------
+    def started(self, restore_s: float) -> None:
+        self.metrics.record("start", step=self.global_step, samples=self.samples, step_s=0.0, mode=self.mode,
+                            restore_s=round(restore_s, 4))
+
+    def saved(self, write_s: float, size: int) -> None:
+        self.metrics.record("checkpoint", step=self.global_step, samples=self.samples, step_s=0.0,
+                            write_s=round(write_s, 4), bytes=size)
+        self._last_ckpt_t = time.monotonic()
+
+    def report(self, value: float, **fields: float) -> bool:
+        """A validation value at this step: a ``metric`` record, and in a campaign trial the
+        study's pruner is asked (rank 0; the verdict is agreed at the next step).  Returns whether
+        the trial is being pruned."""
+        extra = {k: float(v) for k, v in fields.items()}
+        prune = False
+        if self.rank == 0 and not self._prune:
+            if self._reporter is None:
+                from malletrain.campaign.trial import Reporter
+                self._reporter = Reporter.from_env() or False
+            if self._reporter:
+                from malletrain.campaign.trial import reporter_verdict
+                prune, promise = reporter_verdict(self._reporter, value, steps=self.global_step,
+                                                  samples=self.samples, epochs=self.epoch)
+                if promise is not None:
+                    extra["promise"] = promise
+        self.metrics.record("metric", step=self.global_step, samples=self.samples, step_s=0.0, value=float(value),
+                            prune=prune, **extra)
+        self._prune = self._prune or prune
+        return self._prune
+
+    def exit_record(self, log) -> int:
+        """The ``exit`` record; the exit status: 0 (done or pruned) or 3 (stopped: requeue)."""
+        since = self.stop.since_s()
+        reason = "done" if self.finished else (self.stopped or "closed")
+        if since is not None:
+            log.warning("stop: %s -> checkpoint of step %d and exit %.2fs after the signal",
+                        self.stop.name(), self.global_step, since)
+        self.metrics.record("exit", step=self.global_step, samples=self.samples, step_s=0.0, reason=reason,
+                            signal=self.stop.name() if since is not None else None,
+                            signal_to_exit_s=round(since, 3) if since is not None else None)
+        self.metrics.close()
+        self.stop.uninstall()
+        sys.stdout.flush()
+        return EXIT_STOPPED if self.stopped == "signal" else 0
