@@ -18,5 +18,6 @@ malletrain selfcheck consistency --workers 4 --procs 1,2,3,4 --steps 24 --rescal
     --json "$R/selfcheck-consistency.json" | tee "$R/selfcheck-consistency.txt"
 malletrain selfcheck consistency --workers 4 --procs 1,2,3,4 --steps 24 --mode tolerance \
     --json "$R/selfcheck-tolerance.json" | tee "$R/selfcheck-tolerance.txt"
-# issue #25: what the DDP adapter costs (step overhead, signal -> exit, launch -> first step, checkpoint)
+# issue #25: what each adapter costs (DDP, Lightning, Hugging Face Trainer: step overhead, signal -> exit,
+# launch -> first step, checkpoint)
 python -m devtools bench adapters --procs 2 --json "$R/adapters.json" | tee "$R/adapters.txt"

@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "launch -> first step, checkpoint", description=adapters_doc,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     ba.add_argument("--procs", type=positive(int), default=2, help="workers (default 2)")
-    ba.add_argument("--epochs", type=positive(int), default=300, help="epochs per timed run (default 300)")
+    ba.add_argument("--epochs", type=positive(int), default=None,
+                    help="epochs per timed run (default: 300; 30 for hf)")
     ba.add_argument("--repeat", type=positive(int), default=3, help="timed runs of each script (default 3)")
     ba.add_argument("--frameworks", default=None, help="which adapters, comma-separated (default: all)")
     ba.add_argument("--json", help="also write the figures to this file")
@@ -199,7 +200,7 @@ def _bench_scale(a: argparse.Namespace) -> int:
 
 def _bench_adapters(a: argparse.Namespace) -> int:
     from devtools.bench_adapters import main
-    argv = ["--procs", str(a.procs), "--epochs", str(a.epochs), "--repeat", str(a.repeat)]
+    argv = ["--procs", str(a.procs), "--repeat", str(a.repeat)] + (["--epochs", str(a.epochs)] if a.epochs else [])
     argv += ["--frameworks", a.frameworks] if a.frameworks else []
     return main(argv + (["--json", a.json] if a.json else []))
 

@@ -6,9 +6,11 @@ no Slurm):
 
 * **step-time overhead**: the plain and the malleable script train the same epochs on the same
   workers, alternately, ``--repeat`` times each; the ratio of the median wall times of their
-  training loops (from the first to the last epoch line; startup is not in it) per sample: an
-  epoch of the plain script trains all 1,400 samples, one of the malleable script the 1,280 of
-  its 5 whole global batches of 256;
+  training loops (from the first to the last epoch's line; startup is not in it) per sample: an
+  epoch of the plain script trains all 1,400 samples, one of the malleable script those of its
+  whole global batches (1,280 for DDP, Lightning and Accelerate, 5 x 256; 1,320 for the Hugging
+  Face Trainer, 11 x 120).  The plain Lightning, Accelerate and Trainer scripts accumulate to
+  the same global batch; the plain DDP loop has no accumulation (a step per 64 samples a process);
 * **signal → exit**: SIGTERM to the launch while the malleable script trains, until every worker
   has checkpointed the step boundary and exited (the ``exit`` record's ``signal_to_exit_s``, and
   the launch's own exit, seen from outside);
@@ -30,13 +32,36 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "train")
 # framework -> (its name in the report, what the plain script needs to run on `procs` workers)
-PLAIN_SAMPLES, MALLEABLE_SAMPLES = 1400, 1280         # trained per epoch (module docstring)
-FRAMEWORKS = {"ddp": ("DDP", lambda procs: []),
-              "lightning": ("Lightning", lambda procs: ["--devices", str(procs)])}
+PLAIN_SAMPLES = 1400            # trained per epoch by each plain script (module docstring)
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    plain_args: Callable[[int], list[str]]      # what the plain script needs to run on `procs` workers
+    epoch_line: Callable[[str], bool]           # a line the scripts print once an epoch
+    samples: int                                # trained per epoch by the malleable script
+    epochs: int                                 # per timed run, unless --epochs says otherwise
+
+
+FRAMEWORKS = {
+    # the plain DDP loop has no accumulation: a step of 64 samples a process
+    "ddp": Framework("DDP", lambda procs: [], lambda line: line.startswith("epoch "), 1280, 300),
+    # the plain Lightning, Accelerate and HF scripts accumulate to the malleable ones' global batch
+    "lightning": Framework("Lightning",
+                           lambda procs: ["--devices", str(procs), "--accumulate", str(max(1, 4 // procs))],
+                           lambda line: line.startswith("epoch "), 1280, 300),
+    "accelerate": Framework("Accelerate", lambda procs: ["--grad-accum", str(max(1, 4 // procs))],
+                            lambda line: line.startswith("epoch "), 1280, 300),
+    "hf": Framework("Hugging Face Trainer", lambda procs: ["--grad-accum", str(max(1, 12 // procs))],
+                    lambda line: "'eval_accuracy'" in line, 1320, 30),
+}
 
 
 def _launch(framework: str, script: str, procs: int, args: list[str],
@@ -46,12 +71,12 @@ def _launch(framework: str, script: str, procs: int, args: list[str],
     return torchrun_local([os.path.join(EXAMPLES, framework, script), *args], procs, env=env)
 
 
-def _loop_s(p: subprocess.Popen) -> float:
+def _loop_s(p: subprocess.Popen, epoch_line: Callable[[str], bool]) -> float:
     """Seconds from the first to the last epoch line the script printed (its training loop)."""
     times = []
     assert p.stdout is not None
     for line in p.stdout:
-        if line.startswith("epoch "):
+        if epoch_line(line):
             times.append(time.perf_counter())
     _, err = p.communicate(timeout=600)
     if p.returncode != 0 or len(times) < 2:
@@ -77,18 +102,20 @@ def _wait(path: str, pred, timeout_s: float = 120.0) -> dict:
     raise RuntimeError(f"timed out waiting in {path}")
 
 
-def bench(framework: str, procs: int = 2, epochs: int = 300, repeat: int = 3) -> dict:
+def bench(framework: str, procs: int = 2, epochs: int | None = None, repeat: int = 3) -> dict:
     plain, mine = [], []
-    plain_args = FRAMEWORKS[framework][1](procs)
+    fw = FRAMEWORKS[framework]
+    epochs = epochs or fw.epochs
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeat):
             plain.append(_loop_s(_launch(framework, "train_plain.py", procs,
-                                         ["--epochs", str(epochs), "--out", f"{d}/p{i}.pt", *plain_args])))
+                                         ["--epochs", str(epochs), *_where(framework, d, f"p{i}", plain=True),
+                                          *fw.plain_args(procs)]), fw.epoch_line))
             mine.append(_loop_s(_launch(framework, "train_malleable.py", procs,
-                                        ["--epochs", str(epochs), "--out", f"{d}/m{i}.pt", "--ckpt", f"{d}/c{i}"])))
+                                        ["--epochs", str(epochs), *_where(framework, d, f"m{i}")]), fw.epoch_line))
         # stop, rescale, resume
         metrics = f"{d}/m.jsonl"
-        args = ["--epochs", "100000", "--out", f"{d}/s.pt", "--ckpt", f"{d}/stop"]
+        args = ["--epochs", "100000", *_where(framework, d, "stop")]
         p = _launch(framework, "train_malleable.py", procs, args, metrics)
         _wait(metrics, lambda r: r.get("event") == "progress" and r.get("step", 0) >= 200)
         t0 = time.perf_counter()
@@ -109,21 +136,29 @@ def bench(framework: str, procs: int = 2, epochs: int = 300, repeat: int = 3) ->
         assert len(_records(metrics)) > n
     return {"framework": framework, "procs": procs, "epochs": epochs, "repeat": repeat,
             "plain_epoch_s": statistics.median(plain), "malleable_epoch_s": statistics.median(mine),
-            "overhead": (statistics.median(mine) / MALLEABLE_SAMPLES) / (statistics.median(plain) / PLAIN_SAMPLES),
+            "samples_per_epoch": fw.samples,
+            "overhead": (statistics.median(mine) / fw.samples) / (statistics.median(plain) / PLAIN_SAMPLES),
             "signal_to_exit_s": stop.get("signal_to_exit_s"), "signal_to_launch_exit_s": round(outside_s, 3),
             "checkpoint_write_s": write.get("write_s"), "checkpoint_bytes": write.get("bytes"),
             "restore_s": start.get("restore_s"), "launch_to_start_s": round(t_start, 3),
             "launch_to_first_step_s": round(t_first, 3)}
 
 
+def _where(framework: str, d: str, name: str, *, plain: bool = False) -> list[str]:
+    """The arguments that put a run's model (and checkpoints) under ``d``."""
+    if framework == "hf":
+        return ["--out", f"{d}/{name}", "--out-dir", f"{d}/{name}-run"]
+    return ["--out", f"{d}/{name}.pt"] + ([] if plain else ["--ckpt", f"{d}/{name}-ckpt"])
+
+
 def report(fig: dict) -> list[str]:
     return [
-        f"{FRAMEWORKS[fig['framework']][0]} adapter, {fig['procs']} workers (CPU, gloo), "
+        f"{FRAMEWORKS[fig['framework']].name} adapter, {fig['procs']} workers (CPU, gloo), "
         f"examples/train/{fig['framework']}, "
         f"{fig['epochs']} epochs x {fig['repeat']}:",
         f"  step-time overhead: {fig['overhead']:.3f}x per sample "
-        f"(median epoch {fig['malleable_epoch_s'] * 1e3:.1f} ms for {MALLEABLE_SAMPLES} samples with the adapter "
-        f"vs. {fig['plain_epoch_s'] * 1e3:.1f} ms for {PLAIN_SAMPLES} plain)",
+        f"(median epoch {fig['malleable_epoch_s'] * 1e3:.1f} ms for {fig['samples_per_epoch']} samples "
+        f"with the adapter vs. {fig['plain_epoch_s'] * 1e3:.1f} ms for {PLAIN_SAMPLES} plain)",
         f"  signal -> exit: {fig['signal_to_exit_s']} s (exit record); the launch exited "
         f"{fig['signal_to_launch_exit_s']} s after SIGTERM, seen from outside",
         f"  checkpoint write {fig['checkpoint_write_s']} s ({fig['checkpoint_bytes']} bytes), "
@@ -137,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devtools bench adapters", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--procs", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--epochs", type=int, default=None, help="epochs per timed run (default: 300; 30 for hf)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                    help=f"which adapters, comma-separated (default: {','.join(FRAMEWORKS)})")

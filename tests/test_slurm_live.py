@@ -471,7 +471,7 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
         wait_until(resumed_smaller, 180, "the trial to resume on fewer nodes beside a primary job")
         if launch == "torchrun":        # kill -9 of one worker: torchrun's launch exits 137, the job requeues
             runs = len([r for r in metrics_records(tmp_path, job) if r["event"] == "start"])
-            wait_until(lambda: _kill_a_worker(str(tmp_path / "ckpt")), 60, "a training worker to kill")
+            wait_until(lambda: _kill_a_worker(f"--ckpt {tmp_path / 'ckpt'}"), 60, "a training worker to kill")
             wait_until(lambda: len([r for r in metrics_records(tmp_path, job) if r["event"] == "start"]) > runs,
                        180, "the trial to start again after the kill")
         cluster.sh("scancel", half)
@@ -517,61 +517,106 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
                  summary, tmp_path)
 
 
-DDP_EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "examples", "train", "ddp", "train_malleable.py")
+TRAIN_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train")
 
 
-def test_ddp_script_under_torchrun_is_resized_killed_and_preempted_and_finishes(clean, tmp_path):
-    """A plain DDP script made malleable with the adapter, under `submit --launch torchrun`: the
+@dataclasses.dataclass(frozen=True)
+class Adapted:
+    """One framework's malleable example for the live test: its arguments (``d``: where the run
+    writes), optimizer steps an epoch, epochs, the pgrep pattern of its workers, its model and its
+    validation accuracy per epoch from what rank 0 printed."""
+
+    script: str
+    steps_per_epoch: int
+    epochs: int
+
+    def args(self, d) -> list[str]:
+        if self.script.startswith("hf/"):
+            return ["--epochs", str(self.epochs), "--out", str(d / "model"), "--out-dir", str(d / "run")]
+        return ["--epochs", str(self.epochs), "--out", str(d / "model.pt"), "--ckpt", str(d / "ckpt")]
+
+    def marker(self, d) -> str:
+        return f"--out-dir {d / 'run'}" if self.script.startswith("hf/") else f"--ckpt {d / 'ckpt'}"
+
+    def model(self, d) -> dict:
+        if self.script.startswith("hf/"):
+            from safetensors.torch import load_file
+            return load_file(str(d / "model" / "model.safetensors"))
+        import torch
+        return torch.load(d / "model.pt")
+
+    def accuracy(self, text: str) -> dict[int, float]:
+        """Epoch (from 0) -> validation accuracy, the last value printed for each."""
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("epoch ") and " val_acc " in line:
+                out[int(line.split()[1])] = float(line.split()[-1])
+            elif "'eval_accuracy'" in line:
+                rec = {k.strip(" '{}"): v.strip(" '{}") for k, v in (kv.split(":", 1) for kv in line.split(", "))}
+                out[round(float(rec["epoch"])) - 1] = float(rec["eval_accuracy"])
+        return out
+
+
+ADAPTED = {
+    "ddp": Adapted("ddp/train_malleable.py", 5, 200),              # 1,000 steps
+    "lightning": Adapted("lightning/train_malleable.py", 5, 200),
+    "hf": Adapted("hf/train_malleable.py", 11, 30),               # 330 steps
+}
+
+
+@pytest.mark.parametrize("framework", list(ADAPTED))
+def test_adapted_script_under_torchrun_is_resized_killed_and_preempted_and_finishes(clean, tmp_path, framework):
+    """A training script in a framework's own idiom (a plain DDP loop, a Lightning Trainer, a
+    Hugging Face Trainer) made malleable with its adapter, under `submit --launch torchrun`: the
     daemon sizes it on idle nodes, a primary job halves them (it resumes on fewer workers), one
     worker is killed (kill -9: the launch exits 137 and the job requeues itself), a primary job
     takes all nodes (preemption), and it finishes every step exactly once with the model of an
     uninterrupted run: to float rounding, since DDP sums in another order at another world size
     (stated tolerance: validation accuracy within 0.01, every parameter within 0.05; measured
-    1 vs. 4 workers after 3,000 steps: 4e-4)."""
+    for DDP, 1 vs. 4 workers after 3,000 steps: 4e-4)."""
     import sys
 
-    import torch
+    ex = ADAPTED[framework]
     cluster = clean
-    epochs = 200            # 5 optimizer steps an epoch: 1,000 steps
-    run = ["--epochs", str(epochs), "--out", str(tmp_path / "model.pt"), "--ckpt", str(tmp_path / "ckpt")]
+    script = os.path.join(TRAIN_EXAMPLES, ex.script)
+    steps = ex.steps_per_epoch * ex.epochs
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "ref").mkdir()
     out = subprocess.run(
-        [sys.executable, "-m", "malletrain", "submit", "--name", "ddp", "--min-nodes", "1", "--max-nodes", "4",
+        [sys.executable, "-m", "malletrain", "submit", "--name", framework, "--min-nodes", "1", "--max-nodes", "4",
          "--grace-s", str(GRACE_S), "--rescale-up", "5", "--rescale-down", "3", "--launch", "torchrun",
-         "--metrics-dir", str(tmp_path / "metrics"), "--", sys.executable, DDP_EXAMPLE, *run],
-        env=dict(cluster.env, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-        capture_output=True, text=True, timeout=60)
+         "--metrics-dir", str(tmp_path / "metrics"), "--", sys.executable, script, *ex.args(tmp_path)],
+        env=dict(cluster.env, PYTHONPATH=root), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip()
     from malletrain.runtime.selfcheck import torchrun_local
-    ref = torchrun_local([DDP_EXAMPLE, "--epochs", str(epochs), "--out", str(tmp_path / "ref.pt"),
-                          "--ckpt", str(tmp_path / "ref-ckpt")], 1,
-                         env={"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    ref = torchrun_local([script, *ex.args(tmp_path / "ref")], 1, env={"PYTHONPATH": root})
     starts = lambda: [r for r in metrics_records(tmp_path, job) if r["event"] == "start"]     # noqa: E731
     d = DaemonProc(tmp_path, cluster).start()
     try:
-        wait_until(lambda: any(r["event"] == "progress" and r["step"] >= 100 for r in metrics_records(tmp_path, job)),
-                   180, "the DDP job to train 100 steps")
+        first = min(100, steps // 3)
+        wait_until(lambda: any(r["event"] == "progress" and r["step"] >= first for r in metrics_records(tmp_path, job)),
+                   240, f"the {framework} job to train {first} steps")
         half = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "2", "-o", "/dev/null",
                           "--wrap", "sleep 300").strip()
         wait_until(lambda: len(starts()) >= 2 and starts()[-1]["world"] < max(r["world"] for r in starts()), 180,
-                   "the DDP job to resume on fewer workers beside a primary job")
+                   f"the {framework} job to resume on fewer workers beside a primary job")
         runs = len(starts())
         wait_until(lambda: any(r["event"] == "progress" and r["step"] > starts()[-1]["step"]
                                for r in metrics_records(tmp_path, job)), 120, "the smaller run to train")
-        wait_until(lambda: _kill_a_worker(str(tmp_path / "ckpt")), 60, "a DDP worker to kill")
-        wait_until(lambda: len(starts()) > runs, 180, "the DDP job to start again after the kill")
-        wait_until(lambda: any(r["event"] == "progress" and r["step"] > starts()[-1]["step"] + 10
+        wait_until(lambda: _kill_a_worker(ex.marker(tmp_path)), 60, f"a {framework} worker to kill")
+        wait_until(lambda: len(starts()) > runs, 180, f"the {framework} job to start again after the kill")
+        wait_until(lambda: any(r["event"] == "progress" and r["step"] > starts()[-1]["step"] + 5
                                for r in metrics_records(tmp_path, job)), 120, "the restarted run to train")
         # a primary job for all 4 nodes, queued while the half one runs; when that one ends, Slurm
-        # preempts the running DDP job for it
+        # preempts the running job for it
         prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "4", "-o", "/dev/null",
                           "--wrap", "sleep 5").strip()
         cluster.sh("scancel", half)
         wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 90,
                    "the primary job to get all 4 nodes")
         wait_until(lambda: any(r["event"] == "exit" and r.get("reason") == "done"
-                               for r in metrics_records(tmp_path, job)), 400, "the DDP job to finish")
+                               for r in metrics_records(tmp_path, job)), 400, f"the {framework} job to finish")
     finally:
         d.stop()
         ref_out, ref_err = ref.communicate(timeout=300)
@@ -582,27 +627,28 @@ def test_ddp_script_under_torchrun_is_resized_killed_and_preempted_and_finishes(
     done = [r for r in recs if r["event"] == "exit" and r.get("reason") == "done"]
     assert len(set(worlds)) >= 2 and len(worlds) >= 4, worlds
     assert len(stops) >= 2 and all(r["signal_to_exit_s"] is not None and r["signal_to_exit_s"] < GRACE_S for r in stops)
-    assert len(done) == 1 and done[0]["step"] == 5 * epochs
+    assert len(done) == 1 and done[0]["step"] == steps
     # every run resumed at the step of a checkpoint, and no step was trained twice in one run
     ckpts = {0} | {r["step"] for r in recs if r["event"] == "checkpoint"}
     assert all(r["step"] in ckpts for r in recs if r["event"] == "start"), recs
-    log_text = (tmp_path / "metrics" / f"ddp-{job}.out").read_text(errors="replace")
+    log_text = (tmp_path / "metrics" / f"{framework}-{job}.out").read_text(errors="replace")
     assert "exit 137" in log_text, log_text[-3000:]
-    got, want = torch.load(tmp_path / "model.pt"), torch.load(tmp_path / "ref.pt")
+    got, want = ex.model(tmp_path), ex.model(tmp_path / "ref")
     drift = max((got[k] - want[k]).abs().max().item() for k in want)
-    acc = [float(x.split()[-1]) for x in ref_out.splitlines() if x.startswith("epoch ")][-1]
-    mine = [float(x.split()[-1]) for x in log_text.splitlines() if x.startswith(f"epoch {epochs - 1} ")]
-    assert mine and abs(mine[-1] - acc) <= 0.01 and drift < 0.05, (mine, acc, drift)
-    keep_figures("ddp-torchrun-live.json", {
-        "job": job, "worlds": worlds, "drift": drift, "val_acc": mine[-1], "ref_val_acc": acc,
+    acc = ex.accuracy(ref_out)[ex.epochs - 1]
+    mine = ex.accuracy(log_text).get(ex.epochs - 1)
+    assert mine is not None and abs(mine - acc) <= 0.01 and drift < 0.05, (mine, acc, drift)
+    keep_figures(f"{framework}-torchrun-live.json", {
+        "job": job, "worlds": worlds, "drift": drift, "val_acc": mine, "ref_val_acc": acc,
         "stops": [{k: r.get(k) for k in ("step", "world", "signal_to_exit_s")} for r in stops],
         "starts": [{k: r.get(k) for k in ("step", "world", "restart", "restore_s")}
                    for r in recs if r["event"] == "start"]}, tmp_path)
 
 
-def _kill_a_worker(ckpt: str) -> bool:
-    """SIGKILL one training process of the run that writes ``ckpt`` (not torchrun's agent)."""
-    out = subprocess.run(["pgrep", "-f", "--", f"--ckpt {ckpt}"], capture_output=True, text=True).stdout.split()
+def _kill_a_worker(marker: str) -> bool:
+    """SIGKILL one training process of the run whose command line holds ``marker`` (not
+    torchrun's agent)."""
+    out = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True, text=True).stdout.split()
     for pid in out:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:

@@ -12,8 +12,12 @@ the batch script requeues the job.
   ``malletrain submit --launch torchrun``).
 * :mod:`malletrain.adapters.lightning` — a PyTorch Lightning 2.x ``Trainer`` (a callback and a
   checkpoint I/O plugin; the ``lightning`` extra), under torchrun too.
+* :mod:`malletrain.adapters.hf` — a Hugging Face ``Trainer`` (a ``TrainerCallback``; the ``hf``
+  extra): checkpoints sealed with a manifest, a fixed per-device batch.
+* :mod:`malletrain.adapters.accelerate` — a hand-written Accelerate loop (``save_state`` into a
+  sealed directory, the micro-batch counter reset at the step boundary; the ``hf`` extra).
 
 The room imports ``runtime`` (checkpoints, stop signals, progress records, a campaign trial's
 reporter) and ``domain``; the frameworks are imported by the adapter that needs them (the
-``train`` and ``lightning`` extras), never by the daemon.
+``train``, ``lightning`` and ``hf`` extras), never by the daemon.
 """

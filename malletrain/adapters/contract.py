@@ -12,6 +12,9 @@
   gradient applied is the global batch's mean gradient at every ``W``.
 * **The stop flag**: SIGTERM/SIGUSR2 set it (:class:`~malletrain.runtime.signals.StopRequest`);
   the framework's adapter agrees on it across ranks at a step boundary.
+* **Checkpoint directories** a framework writes file by file (the Hugging Face Trainer's,
+  Accelerate's ``save_state``): :func:`seal` writes a manifest of every file (size, SHA-256)
+  once all are written, :func:`verify` says whether a directory still matches it.
 * **Records** for the daemon's profiler and a campaign's pruner (``start``, ``progress``,
   ``checkpoint``, ``metric``, ``exit``, as the runtime writes them) and a campaign trial's report
   (:meth:`Contract.report`).
@@ -20,6 +23,8 @@ It imports torch (the ``train`` extra) but no framework; each adapter module add
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import sys
@@ -29,6 +34,7 @@ from typing import Any
 import torch
 
 from malletrain.domain.errors import InputError
+from malletrain.domain.safefile import write_atomic
 from malletrain.runtime.checkpoint import CheckpointStore
 from malletrain.runtime.launch import discover
 from malletrain.runtime.logical import mix
@@ -36,6 +42,7 @@ from malletrain.runtime.metrics import MetricsWriter
 from malletrain.runtime.signals import StopRequest
 
 EXIT_STOPPED = 3
+MANIFEST = "malletrain-complete.json"     # in a checkpoint directory: every file's size and SHA-256
 STOP, CKPT, PRUNE = range(3)
 
 
@@ -90,16 +97,21 @@ class Contract:
             raise InputError(f"dataset of {dataset_len} samples is smaller than one global batch ({self.global_batch})")
         return steps
 
-    def micro_batches(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
-        """This rank's micro-batches (sample indices) of step ``step_in_epoch`` of ``epoch``."""
+    def step_parts(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
+        """All ``W·A`` micro-batches (sample indices) of step ``step_in_epoch`` of ``epoch``;
+        rank ``r`` trains parts ``r·A`` to ``r·A + A - 1``."""
         if self._perm is None or self._perm[:2] != (epoch, dataset_len):     # drawn once per epoch
             g = torch.Generator().manual_seed(mix(self.seed, epoch))
             self._perm = (epoch, dataset_len, torch.randperm(dataset_len, generator=g).tolist())
         batch = self._perm[2][step_in_epoch * self.global_batch:(step_in_epoch + 1) * self.global_batch]
         parts = self.world * self.accumulation
         cuts = [len(batch) * i // parts for i in range(parts + 1)]
-        mine = range(self.rank * self.accumulation, (self.rank + 1) * self.accumulation)
-        return [batch[cuts[i]:cuts[i + 1]] for i in mine]
+        return [batch[cuts[i]:cuts[i + 1]] for i in range(parts)]
+
+    def micro_batches(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
+        """This rank's micro-batches (sample indices) of step ``step_in_epoch`` of ``epoch``."""
+        parts = self.step_parts(epoch, step_in_epoch, dataset_len)
+        return parts[self.rank * self.accumulation:(self.rank + 1) * self.accumulation]
 
     def weight(self, n: int) -> float:
         """What a micro-batch of ``n`` samples' mean loss is multiplied by: its share of the
@@ -167,3 +179,52 @@ class Contract:
         self.stop.uninstall()
         sys.stdout.flush()
         return EXIT_STOPPED if self.stopped == "signal" else 0
+
+
+# ---- the manifest ---------------------------------------------------------------------------
+def _files(path: str) -> list[str]:
+    out = []
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(root, name), path)
+            if rel != MANIFEST:
+                out.append(rel)
+    return out
+
+
+def _digest(path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def seal(path: str, step: int) -> int:
+    """Write the manifest of the checkpoint directory ``path`` (atomically); its total bytes."""
+    digests = {rel: _digest(os.path.join(path, rel)) for rel in _files(path)}
+    files = {rel: [size, sha] for rel, (size, sha) in digests.items()}
+    write_atomic(os.path.join(path, MANIFEST), json.dumps({"step": step, "files": files}).encode(), 0o600)
+    return sum(size for size, _ in digests.values())
+
+
+def verify(path: str) -> str | None:
+    """None when the manifest of ``path`` matches every file in it; else what is wrong."""
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as fh:
+            manifest = json.loads(fh.read(1 << 22))
+        files = manifest["files"]
+        if not isinstance(files, dict) or sorted(files) != _files(path):
+            return "the files are not those of the manifest"
+        for rel, want in files.items():
+            if list(_digest(os.path.join(path, rel))) != want:
+                return f"{rel} differs from the manifest"
+    except FileNotFoundError:
+        return "no manifest (the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        return f"unreadable manifest or file: {str(exc)[:200]}"
+    return None

@@ -66,8 +66,6 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--out", default="model.pt")
     p.add_argument("--ckpt", default="ckpt")  # malletrain
     args = p.parse_args()

@@ -64,11 +64,13 @@ def main():
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--out", default="model.pt")
     args = p.parse_args()
     pl.seed_everything(0)
     model = Digits(args.lr, args.batch_size)
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes,
+                         accumulate_grad_batches=args.accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(model)
     if trainer.global_rank == 0:

@@ -1,0 +1,205 @@
+"""A Hugging Face ``Trainer`` run made malleable: :class:`Malleable`, a ``TrainerCallback``.
+
+A fine-tuning script written the usual way — a model, ``TrainingArguments``, a ``Trainer`` and
+``trainer.train()`` — started by ``torchrun`` (``malletrain submit --launch torchrun``) changes
+in a few lines (README, "Bring your own Hugging Face script")::
+
+    mt = Malleable(args.out_dir, global_batch=120, micro_batch=10, metric="eval_accuracy")
+    targs = mt.training_args(output_dir=args.out_dir, ...)   # was: TrainingArguments(..., per_device_...=10)
+    trainer = Trainer(model=model, args=targs, train_dataset=mt.dataset(train), ..., callbacks=[mt])
+    trainer.train(resume_from_checkpoint=mt.resume_from())     # the newest complete checkpoint
+
+**What the Trainer does that a harvester must undo, and how.**
+
+* *No checkpoint on a signal.*  SIGTERM/SIGUSR2 only set a flag; at each optimizer step
+  (``on_step_end``) the ranks agree on it (one small all-reduce) and ask the Trainer to save
+  and stop.  Once the Trainer has written ``checkpoint-<step>`` (``on_save``), rank 0 writes a
+  manifest of every file in it (size and SHA-256, atomically: ``malletrain-complete.json``),
+  and every rank leaves with ``SystemExit(3)`` (the script's code after ``train()`` never runs
+  as if the work were done), so that the batch script requeues the job.  A campaign's pruned
+  trial exits 0 the same way; ``checkpoint_every_s`` asks for a save without a stop.
+* *Its checkpoints are not atomic* (files written in place, one by one).
+  :meth:`Malleable.resume_from` names the newest ``checkpoint-<step>`` whose manifest matches
+  every file; newer ones, left half-written by a kill, are set aside (``corrupt-checkpoint-<step>``).
+* *It resumes exactly only with a fixed global batch.*  The per-device batch stays
+  ``micro_batch`` at every world size and :meth:`Malleable.training_args` sets the accumulation
+  so that ``micro_batch x accumulation x world`` is the global batch; the Trainer's data
+  (Accelerate's seedable sampler: one permutation per epoch, whatever the world, cut into
+  per-device batches that the ranks take in turn) then trains the same samples at every step at
+  any world size, and after a restart it skips the steps already done.  The number of
+  micro-batches a step sums is the same at every world size too, and that matters: for a model
+  that takes the Trainer's loss arguments but averages its own loss (sequence classification),
+  the Trainer neither divides by the accumulation nor by the tokens, so the gradient it applies is
+  that number times the batch's mean gradient; a fixed number keeps the scale, and with it the
+  gradient clipping, the same at every world size.  Every world size the job may get must
+  therefore divide ``global_batch / micro_batch`` (12 serves 1-4, 6 and 12 processes); another is
+  a clear error at start.  :meth:`Malleable.dataset` keeps the whole global batches of the
+  training set, so that no epoch ends with a step of another size.
+
+Results agree across world sizes to float rounding (the all-reduce sums in another order), not
+bitwise; layers with dropout draw from each rank's own random stream, so a model with dropout
+follows another (statistically equal) path after a change of world size.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback, TrainingArguments
+
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, seal, verify
+from malletrain.domain.errors import InputError
+
+log = logging.getLogger("malletrain.adapters.hf")
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+OWNED = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
+         "save_total_limit", "seed", "data_seed")
+
+
+class Malleable(Contract, TrainerCallback):
+    """The Trainer's side of the contract (module docstring).  Create it before the
+    ``TrainingArguments`` (torchrun's ``RANK``/``WORLD_SIZE`` say where this process stands;
+    without torchrun: one process).  ``metric``: the evaluation metric reported to the daemon
+    and a campaign's pruner (e.g. ``eval_accuracy``)."""
+
+    def __init__(self, output_dir: str, *, global_batch: int, micro_batch: int, seed: int = 0,
+                 checkpoint_every_s: float = 60.0, keep: int = 3, metric: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ) if env is None else env
+        try:
+            rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+        except ValueError:
+            raise InputError("RANK and WORLD_SIZE must be integers (torchrun sets them)") from None
+        if not 0 <= rank < world:
+            raise InputError(f"RANK={rank}, WORLD_SIZE={world} do not fit")
+        if not isinstance(micro_batch, int) or micro_batch < 1:
+            raise InputError(f"micro_batch (the per-device batch) must be an integer >= 1, got {micro_batch!r}")
+        if isinstance(global_batch, int) and global_batch >= world and global_batch % (world * micro_batch):
+            raise InputError(f"the global batch {global_batch} is not a whole number of micro-batches of "
+                             f"{micro_batch} on each of {world} processes: choose a global batch that is a multiple "
+                             "of micro_batch x every world size the job may get (e.g. 12 x micro_batch serves "
+                             "1, 2, 3, 4, 6 and 12 processes)")
+        Contract.__init__(self, output_dir, rank=rank, world=world, global_batch=global_batch,
+                          micro_batch=micro_batch, seed=seed, checkpoint_every_s=checkpoint_every_s,
+                          keep=keep, env=env, mode="hf")
+        self.per_device = micro_batch
+        self.accumulation = self.global_batch // (self.world * micro_batch)
+        self.output_dir, self.keep, self.metric = output_dir, keep, metric
+        self._read_s = 0.0
+        self._resumed_step: int | None = None
+        self._looked = False
+        self._leaving: int | None = None
+        self._save_asked: float | None = None
+
+    # ---- what the script passes to the Trainer ---------------------------------------------
+    def training_args(self, **kwargs: Any) -> TrainingArguments:
+        """``TrainingArguments(**kwargs)`` with the per-device batch and the accumulation of this
+        world, whole batches only, the adapter's seed (the data order), and as many checkpoints
+        kept as the adapter keeps.  The script's ``kwargs`` must not set those."""
+        taken = sorted(set(OWNED) & set(kwargs))
+        if taken:
+            raise InputError(f"training_args(): {', '.join(taken)} are set by the adapter (global_batch, "
+                             "micro_batch, seed, keep)")
+        if os.path.abspath(str(kwargs.get("output_dir", self.output_dir))) != os.path.abspath(self.output_dir):
+            raise InputError("training_args(): output_dir must be the adapter's (its checkpoints live there)")
+        return TrainingArguments(**{**kwargs, "output_dir": self.output_dir},
+                                 per_device_train_batch_size=self.per_device,
+                                 gradient_accumulation_steps=self.accumulation, dataloader_drop_last=True,
+                                 save_total_limit=self.keep, seed=self.seed, data_seed=self.seed)
+
+    def dataset(self, dataset) -> torch.utils.data.Subset:
+        """The training set's first ``steps x global_batch`` samples (whole global batches)."""
+        steps = self.steps_per_epoch(len(dataset))
+        return torch.utils.data.Subset(dataset, range(steps * self.global_batch))
+
+    def resume_from(self) -> str | None:
+        """The newest ``checkpoint-<step>`` whose manifest matches its files (for
+        ``trainer.train(resume_from_checkpoint=...)``), or None.  Every rank checks the files
+        itself, so all choose alike; rank 0 sets newer, incomplete ones aside at the start."""
+        t0 = time.perf_counter()
+        self._looked = True
+        for step in self.checkpoints():
+            path = os.path.join(self.output_dir, f"checkpoint-{step}")
+            problem = verify(path)
+            if problem is None:
+                self._read_s, self._resumed_step = time.perf_counter() - t0, step
+                return path
+            log.warning("checkpoint %s is incomplete (%s); falling back to the previous one", path, problem)
+        return None
+
+    def checkpoints(self) -> list[int]:
+        """Steps of the ``checkpoint-<step>`` directories present, newest first."""
+        try:
+            names = os.listdir(self.output_dir)
+        except FileNotFoundError:
+            return []
+        return sorted((int(m.group(1)) for m in map(CHECKPOINT.match, names) if m), reverse=True)
+
+    # ---- the Trainer's hooks ---------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        if args.world_size != self.world or args.gradient_accumulation_steps != self.accumulation:
+            raise InputError("the Trainer's world or accumulation is not the adapter's: build the arguments "
+                             "with mt.training_args(...)")
+        if self.rank == 0 and self._looked:     # resume_from found these newer ones incomplete
+            for step in self.checkpoints():
+                if self._resumed_step is not None and step <= self._resumed_step:
+                    break
+                path = os.path.join(self.output_dir, f"checkpoint-{step}")
+                log.warning("checkpoint %s is incomplete; set aside as corrupt-checkpoint-%d", path, step)
+                os.replace(path, os.path.join(self.output_dir, f"corrupt-checkpoint-{step}"))
+        self.global_step = state.global_step
+        self.started(self._read_s)
+        log.info("rank %d/%d resumes at step %d; %d micro-batch(es) of %d per device, global batch %d",
+                 self.rank, self.world, self.global_step, self.accumulation, self.per_device, self.global_batch)
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.global_step = state.global_step - 1
+        self.epoch = int(state.epoch or 0)
+        flags = self.stepped()
+        if dist.is_initialized():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[PRUNE] > 0:
+            self.stopped = "pruned"
+            self.exit_record(log)
+            raise SystemExit(0)
+        if flags[STOP] > 0:
+            self.stopped = "signal"
+            control.should_save = control.should_training_stop = True
+            self._leaving = 3
+        elif flags[CKPT] > 0:
+            control.should_save = True
+        if control.should_save:
+            self._save_asked = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        """The Trainer wrote ``checkpoint-<step>``: every rank's files are in (a barrier), rank 0
+        writes the manifest; on a stop every rank leaves.  The checkpoint record's ``write_s``
+        runs from the step that asked for the save (the Trainer's own writing included) to the
+        manifest."""
+        t0, self._save_asked = self._save_asked or time.perf_counter(), None
+        path = os.path.join(self.output_dir, f"checkpoint-{state.global_step}")
+        if dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0 and os.path.isdir(path):
+            size = seal(path, state.global_step)
+            self.saved(time.perf_counter() - t0, size)
+        if dist.is_initialized():
+            dist.barrier()
+        if self._leaving is not None:
+            status = self.exit_record(log)
+            raise SystemExit(status)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs) -> None:
+        if self.metric and isinstance(metrics, dict) and isinstance(metrics.get(self.metric), (int, float)):
+            self.report(float(metrics[self.metric]))
+
+    def on_train_end(self, args, state, control, **kwargs) -> None:
+        self.finished = True
+        self.global_step = state.global_step
+        self.exit_record(log)
