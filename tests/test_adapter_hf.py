@@ -122,8 +122,7 @@ def test_training_args_manifest_and_bad_settings(tmp_path):
     mt = Malleable(str(tmp_path / "run"), global_batch=120, micro_batch=10, env=env)
     assert (mt.per_device, mt.accumulation) == (10, 4)
     args = mt.training_args(output_dir=str(tmp_path / "run"), use_cpu=True, report_to="none")
-    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.dataloader_drop_last) == \
-        (10, 4, True)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed) == (10, 4, 0)
     with pytest.raises(InputError, match="per_device_train_batch_size"):
         mt.training_args(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8)
     with pytest.raises(InputError, match="output_dir"):

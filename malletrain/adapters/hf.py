@@ -58,7 +58,7 @@ from malletrain.domain.errors import InputError
 log = logging.getLogger("malletrain.adapters.hf")
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-OWNED = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
+OWNED = ("per_device_train_batch_size", "gradient_accumulation_steps",
          "save_total_limit", "seed", "data_seed")
 
 
@@ -100,8 +100,10 @@ class Malleable(Contract, TrainerCallback):
     # ---- what the script passes to the Trainer ---------------------------------------------
     def training_args(self, **kwargs: Any) -> TrainingArguments:
         """``TrainingArguments(**kwargs)`` with the per-device batch and the accumulation of this
-        world, whole batches only, the adapter's seed (the data order), and as many checkpoints
-        kept as the adapter keeps.  The script's ``kwargs`` must not set those."""
+        world, the adapter's seed (the data order), and as many checkpoints kept as the adapter
+        keeps.  The script's ``kwargs`` must not set those.  (Not ``dataloader_drop_last``: it
+        would drop evaluation samples too, as many as the world size makes partial;
+        :meth:`dataset` already gives whole global batches.)"""
         taken = sorted(set(OWNED) & set(kwargs))
         if taken:
             raise InputError(f"training_args(): {', '.join(taken)} are set by the adapter (global_batch, "
@@ -110,7 +112,7 @@ class Malleable(Contract, TrainerCallback):
             raise InputError("training_args(): output_dir must be the adapter's (its checkpoints live there)")
         return TrainingArguments(**{**kwargs, "output_dir": self.output_dir},
                                  per_device_train_batch_size=self.per_device,
-                                 gradient_accumulation_steps=self.accumulation, dataloader_drop_last=True,
+                                 gradient_accumulation_steps=self.accumulation,
                                  save_total_limit=self.keep, seed=self.seed, data_seed=self.seed)
 
     def dataset(self, dataset) -> torch.utils.data.Subset:
@@ -146,6 +148,12 @@ class Malleable(Contract, TrainerCallback):
         if args.world_size != self.world or args.gradient_accumulation_steps != self.accumulation:
             raise InputError("the Trainer's world or accumulation is not the adapter's: build the arguments "
                              "with mt.training_args(...)")
+        loader = kwargs.get("train_dataloader")
+        n = len(getattr(loader, "dataset", None) or ()) if loader is not None else 0
+        if n % self.global_batch:
+            raise InputError(f"the training set has {n} samples, not whole global batches of {self.global_batch}: "
+                             "pass train_dataset=mt.dataset(train) to the Trainer (an epoch would end with a "
+                             "short step of another size at every world size)")
         if self.rank == 0 and self._looked:     # resume_from found these newer ones incomplete
             for step in self.checkpoints():
                 if self._resumed_step is not None and step <= self._resumed_step:

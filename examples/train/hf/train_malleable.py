@@ -43,7 +43,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=10)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out-dir", default="run")
     p.add_argument("--out", default="model")
     args = p.parse_args()
