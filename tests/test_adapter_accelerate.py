@@ -119,12 +119,11 @@ def test_the_plan_dealt_by_prepare_and_bad_settings(tmp_path):
     from malletrain.domain.errors import InputError
     mt = Malleable(str(tmp_path / "ck"), global_batch=256, micro_batch=32, env={"RANK": "0", "WORLD_SIZE": "2"})
     assert mt.accumulation == 4 and mt.weight(32) == 32 * 2 * 4 / 256
-    dealt = mt.micro_batches_of_step(0, 1, 1400)
+    dealt = mt.dealt(0, 1, 1400)
     for r in range(2):                  # rank r's share of prepare's dealing (r, r+W, ...) is its plan
         mt.rank = r
         assert dealt[r::2] == mt.micro_batches(0, 1, 1400)
-    assert sorted(i for b in dealt for i in b) == sorted(mt.step_parts(0, 1, 1400)[0] + sum(
-        mt.step_parts(0, 1, 1400)[1:], []))
+    assert sorted(map(tuple, dealt)) == sorted(map(tuple, mt.step_parts(0, 1, 1400)))
     with pytest.raises(InputError, match="shuffle"):
         mt.dataloader(list(range(1400)), shuffle=True)
     mt.stop.uninstall()

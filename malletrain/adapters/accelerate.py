@@ -56,7 +56,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, seal, verify
+from malletrain.adapters.contract import (
+    CKPT,
+    PRUNE,
+    STOP,
+    Contract,
+    loader_kwargs,
+    numbered,
+    seal,
+    torchrun_place,
+    verify,
+)
 from malletrain.domain.errors import InputError
 from malletrain.domain.safefile import write_atomic
 
@@ -73,17 +83,11 @@ class Malleable(Contract):
                  seed: int = 0, checkpoint_every_s: float = 60.0, keep: int = 3,
                  env: dict[str, str] | None = None) -> None:
         env = dict(os.environ) if env is None else env
-        try:
-            rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-        except ValueError:
-            raise InputError("RANK and WORLD_SIZE must be integers (torchrun sets them)") from None
-        if not 0 <= rank < world:
-            raise InputError(f"RANK={rank}, WORLD_SIZE={world} do not fit")
+        rank, world = torchrun_place(env)
         Contract.__init__(self, checkpoint_dir, rank=rank, world=world, global_batch=global_batch,
                           micro_batch=micro_batch, seed=seed, checkpoint_every_s=checkpoint_every_s,
                           keep=keep, env=env, mode="accelerate")
         self.directory, self.keep = checkpoint_dir, keep
-        self.per_epoch = 0
         self._saved_step = -1
 
     # ---- data ------------------------------------------------------------------------------
@@ -91,18 +95,8 @@ class Malleable(Contract):
         """The training DataLoader for ``accelerator.prepare``: every micro-batch of each global
         step left in the epoch, in order (``prepare`` deals them out to the ranks).  ``kwargs``
         go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...), not the batching."""
-        taken = {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"} & set(kwargs)
-        if taken:
-            raise InputError(f"dataloader(): {', '.join(sorted(taken))} are set by the adapter (global_batch, "
-                             "micro_batch and seed)")
-        self.per_epoch = self.steps_per_epoch(len(dataset))
-        return DataLoader(dataset, batch_sampler=_AllMicroBatches(self, len(dataset)), **kwargs)
-
-    def micro_batches_of_step(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
-        """All ``W·A`` micro-batches of a step, in the order ``prepare`` deals them out (rank
-        ``r`` gets those at ``r, r+W, ...``): each rank trains the parts of the plan."""
-        parts = self.step_parts(epoch, step_in_epoch, dataset_len)
-        return [parts[r * self.accumulation + a] for a in range(self.accumulation) for r in range(self.world)]
+        kwargs = loader_kwargs(kwargs)
+        return DataLoader(dataset, batch_sampler=self.batch_sampler(len(dataset), every_rank=True), **kwargs)
 
     def weight(self, n: int) -> float:
         """What a micro-batch of ``n`` samples' mean loss is multiplied by: its share of the
@@ -120,11 +114,7 @@ class Malleable(Contract):
 
     # ---- checkpoints -----------------------------------------------------------------------
     def checkpoints(self) -> list[int]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        return sorted((int(n[5:]) for n in names if n.startswith("step-") and n[5:].isdigit()), reverse=True)
+        return numbered(self.directory, "step-")
 
     def restore(self, accelerator) -> int:
         """Load the newest complete checkpoint into what ``accelerator`` prepared (every rank the
@@ -217,21 +207,3 @@ class Malleable(Contract):
         status = self.exit_record(log)
         accelerator.wait_for_everyone()
         return status
-
-
-class _AllMicroBatches:
-    """Every micro-batch of every step left in the current epoch (``len``: how many)."""
-
-    def __init__(self, owner: Malleable, dataset_len: int) -> None:
-        self.owner, self.n = owner, dataset_len
-
-    def __iter__(self) -> Iterator[list[int]]:
-        o = self.owner
-        epoch, first = o.epoch, o.in_epoch
-        for k in range(first, o.per_epoch):
-            yield from o.micro_batches_of_step(epoch, k, self.n)
-
-    def __len__(self) -> int:
-        o = self.owner
-        return max(0, o.per_epoch - o.in_epoch) * o.accumulation * o.world
-

@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,6 +45,39 @@ from malletrain.runtime.signals import StopRequest
 EXIT_STOPPED = 3
 MANIFEST = "malletrain-complete.json"     # in a checkpoint directory: every file's size and SHA-256
 STOP, CKPT, PRUNE = range(3)
+
+
+def torchrun_place(env: dict[str, str]) -> tuple[int, int]:
+    """(rank, world) of this process as torchrun says (``RANK``, ``WORLD_SIZE``); one process
+    without torchrun.  Garbage is a clear error."""
+    try:
+        rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise InputError("RANK and WORLD_SIZE must be integers (torchrun sets them)") from None
+    if not 0 <= rank < world:
+        raise InputError(f"RANK={rank}, WORLD_SIZE={world} do not fit")
+    return rank, world
+
+
+def loader_kwargs(kwargs: dict) -> dict:
+    """The DataLoader arguments a script may pass an adapter's ``dataloader()``: not the
+    batching, which the adapter's plan decides."""
+    taken = {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"} & set(kwargs)
+    if taken:
+        raise InputError(f"dataloader(): {', '.join(sorted(taken))} are set by the adapter (global_batch, "
+                         "micro_batch and seed)")
+    return kwargs
+
+
+def numbered(directory: str, prefix: str) -> list[int]:
+    """Steps of the ``<prefix><step>`` entries of ``directory``, newest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((int(n[len(prefix):]) for n in names
+                   if n.startswith(prefix) and n[len(prefix):].isdigit() and len(n) - len(prefix) < 12),
+                  reverse=True)
 
 
 class Contract:
@@ -78,6 +112,7 @@ class Contract:
         self.global_step = 0          # optimizer steps done
         self.epoch = 0
         self.in_epoch = 0             # steps done in the current epoch
+        self.per_epoch = 0            # steps an epoch (set by batch_sampler())
         self.finished = False
         self.stopped: str | None = None
         self._prune = False
@@ -113,10 +148,26 @@ class Contract:
         parts = self.step_parts(epoch, step_in_epoch, dataset_len)
         return parts[self.rank * self.accumulation:(self.rank + 1) * self.accumulation]
 
+    def dealt(self, epoch: int, step_in_epoch: int, dataset_len: int) -> list[list[int]]:
+        """All ``W·A`` micro-batches of a step in the order Accelerate's ``prepare`` deals them
+        out (rank ``r`` gets positions ``r, r+W, ...``), so that each rank trains its parts."""
+        parts = self.step_parts(epoch, step_in_epoch, dataset_len)
+        a_, w_ = self.accumulation, self.world
+        return [parts[r * a_ + a] for a in range(a_) for r in range(w_)]
+
     def weight(self, n: int) -> float:
         """What a micro-batch of ``n`` samples' mean loss is multiplied by: its share of the
         global batch, times the world size (DDP averages the ranks' gradients)."""
         return n * self.world / self.global_batch
+
+    def batch_sampler(self, dataset_len: int, *, every_rank: bool = False, whole_epoch: bool = False) -> BatchPlan:
+        """A DataLoader ``batch_sampler`` over the steps left in the current epoch (from
+        ``epoch``/``in_epoch`` as they stand when it is iterated): this rank's micro-batches, or
+        (``every_rank``) all of them in the order Accelerate's ``prepare`` deals them out.
+        ``len``: the micro-batches left, or (``whole_epoch``) those of the whole epoch, which is
+        what Lightning counts its epoch's batches against."""
+        self.per_epoch = self.steps_per_epoch(dataset_len)
+        return BatchPlan(self, dataset_len, every_rank, whole_epoch)
 
     # ---- the step boundary -----------------------------------------------------------------
     def stepped(self) -> torch.Tensor:
@@ -179,6 +230,27 @@ class Contract:
         self.stop.uninstall()
         sys.stdout.flush()
         return EXIT_STOPPED if self.stopped == "signal" else 0
+
+
+class BatchPlan:
+    """The micro-batches of every step left in the current epoch (:meth:`Contract.batch_sampler`)."""
+
+    def __init__(self, owner: Contract, dataset_len: int, every_rank: bool, whole_epoch: bool) -> None:
+        self.owner, self.n, self.every_rank, self.whole_epoch = owner, dataset_len, every_rank, whole_epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        o = self.owner
+        epoch, first = o.epoch, o.in_epoch
+        for k in range(first, o.per_epoch):
+            if self.every_rank:
+                yield from o.dealt(epoch, k, self.n)
+            else:
+                yield from o.micro_batches(epoch, k, self.n)
+
+    def __len__(self) -> int:
+        o = self.owner
+        steps = o.per_epoch if self.whole_epoch else max(0, o.per_epoch - o.in_epoch)
+        return steps * o.accumulation * (o.world if self.every_rank else 1)
 
 
 # ---- the manifest ---------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, BatchPlan, Contract
 from malletrain.domain.errors import InputError
 
 log = logging.getLogger("malletrain.adapters.ddp")
@@ -64,7 +64,6 @@ class Malleable(Contract):
         super().__init__(checkpoint_dir, rank=rank, world=world, global_batch=global_batch,
                          micro_batch=micro_batch, seed=seed, checkpoint_every_s=checkpoint_every_s, keep=keep,
                          env=env, mode="ddp")
-        self.per_epoch = 0            # steps per epoch (set by sampler())
         self._micro = 0
         self._model: Any = None
         self._optimizer: Any = None
@@ -72,11 +71,10 @@ class Malleable(Contract):
         self._saved_step = -1
 
     # ---- data ------------------------------------------------------------------------------
-    def sampler(self, dataset_len: int) -> _BatchSampler:
+    def sampler(self, dataset_len: int) -> BatchPlan:
         """The ``batch_sampler`` for the DataLoader: this rank's micro-batches of each global
         step, from where the run stands (epoch, step in it)."""
-        self.per_epoch = self.steps_per_epoch(dataset_len)
-        return _BatchSampler(self, dataset_len)
+        return self.batch_sampler(dataset_len)
 
     def epochs(self, total: int) -> Iterator[int]:
         """The epochs left to train (from the restored one); after the last, the run is done."""
@@ -176,22 +174,6 @@ class Malleable(Contract):
         if dist.is_initialized():
             dist.barrier()      # every rank is past its last collective before any leaves the group
         return status
-
-
-class _BatchSampler:
-    """This rank's micro-batches of every step left in the current epoch (``len``: how many)."""
-
-    def __init__(self, owner: Malleable, dataset_len: int) -> None:
-        self.owner, self.n = owner, dataset_len
-
-    def __iter__(self) -> Iterator[list[int]]:
-        o = self.owner
-        epoch, first = o.epoch, o.in_epoch
-        for k in range(first, o.per_epoch):
-            yield from o.micro_batches(epoch, k, self.n)
-
-    def __len__(self) -> int:
-        return max(0, self.owner.per_epoch - self.owner.in_epoch) * self.owner.accumulation
 
 
 def _module(model):

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import Any
 
@@ -52,12 +51,11 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainingArguments
 
-from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, seal, verify
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, numbered, seal, torchrun_place, verify
 from malletrain.domain.errors import InputError
 
 log = logging.getLogger("malletrain.adapters.hf")
 
-CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 OWNED = ("per_device_train_batch_size", "gradient_accumulation_steps",
          "save_total_limit", "seed", "data_seed")
 
@@ -72,12 +70,7 @@ class Malleable(Contract, TrainerCallback):
                  checkpoint_every_s: float = 60.0, keep: int = 3, metric: str | None = None,
                  env: dict[str, str] | None = None) -> None:
         env = dict(os.environ) if env is None else env
-        try:
-            rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-        except ValueError:
-            raise InputError("RANK and WORLD_SIZE must be integers (torchrun sets them)") from None
-        if not 0 <= rank < world:
-            raise InputError(f"RANK={rank}, WORLD_SIZE={world} do not fit")
+        rank, world = torchrun_place(env)
         if not isinstance(micro_batch, int) or micro_batch < 1:
             raise InputError(f"micro_batch (the per-device batch) must be an integer >= 1, got {micro_batch!r}")
         if isinstance(global_batch, int) and global_batch >= world and global_batch % (world * micro_batch):
@@ -137,11 +130,7 @@ class Malleable(Contract, TrainerCallback):
 
     def checkpoints(self) -> list[int]:
         """Steps of the ``checkpoint-<step>`` directories present, newest first."""
-        try:
-            names = os.listdir(self.output_dir)
-        except FileNotFoundError:
-            return []
-        return sorted((int(m.group(1)) for m in map(CHECKPOINT.match, names) if m), reverse=True)
+        return numbered(self.output_dir, "checkpoint-")
 
     # ---- the Trainer's hooks ---------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs) -> None:

@@ -45,7 +45,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytorch_lightning as pl
@@ -54,7 +53,7 @@ import torch.distributed as dist
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch.utils.data import DataLoader
 
-from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, loader_kwargs, torchrun_place
 from malletrain.domain.errors import InputError
 from malletrain.runtime.checkpoint import NAME, CheckpointStore
 
@@ -72,18 +71,17 @@ class Malleable(Contract, pl.Callback):
                  seed: int = 0, checkpoint_every_s: float = 60.0, keep: int = 3,
                  env: dict[str, str] | None = None) -> None:
         env = dict(os.environ) if env is None else env
+        rank, world = torchrun_place(env)
         try:
-            rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
             self.local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
         except ValueError:
-            raise InputError("RANK, WORLD_SIZE and LOCAL_WORLD_SIZE must be integers (torchrun sets them)") from None
-        if not (0 <= rank < world and 1 <= self.local_world <= world and world % self.local_world == 0):
+            raise InputError("LOCAL_WORLD_SIZE must be an integer (torchrun sets it)") from None
+        if not (1 <= self.local_world <= world and world % self.local_world == 0):
             raise InputError(f"RANK={rank}, WORLD_SIZE={world}, LOCAL_WORLD_SIZE={self.local_world} do not fit")
         Contract.__init__(self, checkpoint_dir, rank=rank, world=world, global_batch=global_batch,
                           micro_batch=micro_batch, seed=seed, checkpoint_every_s=checkpoint_every_s,
                           keep=keep, env=env, mode="lightning")
         self.torchrun = "TORCHELASTIC_RUN_ID" in env
-        self.per_epoch = 0
         self.io = _StoreIO(self.store)
         self._trainer: Any = None
         self._seen_step = 0
@@ -107,12 +105,8 @@ class Malleable(Contract, pl.Callback):
         """The training DataLoader: this rank's micro-batches of every global step left in the
         epoch.  ``kwargs`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...), not
         ``batch_size``, ``shuffle``, ``sampler`` or ``drop_last``: the adapter's plan decides them."""
-        taken = {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"} & set(kwargs)
-        if taken:
-            raise InputError(f"dataloader(): {', '.join(sorted(taken))} are set by the adapter (global_batch, "
-                             "micro_batch and seed)")
-        self.per_epoch = self.steps_per_epoch(len(dataset))
-        return DataLoader(dataset, batch_sampler=_BatchSampler(self, len(dataset)), **kwargs)
+        kwargs = loader_kwargs(kwargs)
+        return DataLoader(dataset, batch_sampler=self.batch_sampler(len(dataset), whole_epoch=True), **kwargs)
 
     def resume_from(self) -> str | None:
         """The newest good checkpoint's path (for ``trainer.fit(ckpt_path=...)``), or None.  Each
@@ -288,20 +282,3 @@ def _plain(obj):
     if isinstance(obj, list):
         return [_plain(v) for v in obj]
     return obj
-
-
-class _BatchSampler:
-    """This rank's micro-batches of every step left in the current epoch (``len``: how many)."""
-
-    def __init__(self, owner: Malleable, dataset_len: int) -> None:
-        self.owner, self.n = owner, dataset_len
-
-    def __iter__(self) -> Iterator[list[int]]:
-        o = self.owner
-        epoch, first = o.epoch, o.in_epoch
-        for k in range(first, o.per_epoch):
-            yield from o.micro_batches(epoch, k, self.n)
-
-    def __len__(self) -> int:
-        return self.owner.per_epoch * self.owner.accumulation
-
