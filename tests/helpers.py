@@ -157,3 +157,27 @@ def wait_step(metrics, step, timeout_s=60):
             return
         time.sleep(0.05)
     raise AssertionError(f"no progress to step {step} in {metrics}")
+
+
+def finished(p, timeout=300):
+    """(status, stdout, stderr) of a launched run once it ended."""
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def worker_pids(marker: str) -> list[int]:
+    """The training processes whose command line holds ``marker`` (not torchrun's agent, the
+    ``malletrain.runtime.torchrun`` wrapper, nor pgrep)."""
+    pids = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True, text=True).stdout.split()
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"malletrain.runtime.torchrun" in argv or b"pgrep" in argv[0]:
+            continue
+        out.append(int(pid))
+    return out
+

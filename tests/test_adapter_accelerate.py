@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 
 import pytest
-from helpers import progress_records, wait_step
+from helpers import finished, progress_records, wait_step, worker_pids
 
 from malletrain.runtime.selfcheck import torchrun_local
 
@@ -33,10 +32,6 @@ def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
                            *extra], procs, env=env)
 
 
-def _done(p, timeout=300):
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out, err
-
 
 def _diff(a, b):
     import torch
@@ -44,16 +39,12 @@ def _diff(a, b):
     return max((x[k] - y[k]).abs().max().item() for k in x)
 
 
-def _workers(marker: str) -> list[int]:
-    pids = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True, text=True).stdout.split()
-    return [int(w) for w in pids if b"malletrain.runtime.torchrun" not in open(f"/proc/{w}/cmdline", "rb").read()]
-
 
 @pytest.mark.slow
 def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     epochs = 10                 # 5 steps an epoch: 50 optimizer steps of the global batch 256
     for procs in (1, 2):
-        rc, _, err = _done(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
+        rc, _, err = finished(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
                                 extra=["--ckpt", str(tmp_path / f"ck{procs}")]))
         assert rc == 0, err[-3000:]
     assert _diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt") < ROUNDING_BOUND
@@ -63,7 +54,7 @@ def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
     wait_step(metrics, 12)
     p.send_signal(signal.SIGTERM)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 3, err[-3000:]
     stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
@@ -76,13 +67,13 @@ def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path
     # 2 workers from that step; kill -9 of one of them: torchrun exits 137, nothing saved since
     p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
     wait_step(metrics, stop["step"] + 8)
-    victims = _workers(f"--ckpt {tmp_path / 'ck'}")
+    victims = worker_pids(f"--ckpt {tmp_path / 'ck'}")
     assert victims
     os.kill(victims[-1], signal.SIGKILL)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
     # 1 worker finishes from the checkpoint of the SIGTERM
-    rc, _, err = _done(_run("train_malleable.py", 1, tmp_path, "out", epochs, extra=ckpt, metrics=metrics))
+    rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "out", epochs, extra=ckpt, metrics=metrics))
     assert rc == 0, err[-3000:]
     recs = progress_records(metrics)
     starts = [r for r in recs if r["event"] == "start"]
@@ -100,16 +91,16 @@ def test_without_the_helper_the_accelerate_loop_loses_its_work_and_its_batch(tmp
     """Negative controls: the plain loop's result depends on the process count (its global batch
     is the per-process batch times the processes), and SIGTERM kills its workers (Accelerate does
     not handle it: exit 143) with nothing saved to resume from."""
-    rc1, _, err = _done(_run("train_plain.py", 1, tmp_path, "p1", 4))
-    rc2, _, err2 = _done(_run("train_plain.py", 2, tmp_path, "p2", 4))
+    rc1, _, err = finished(_run("train_plain.py", 1, tmp_path, "p1", 4))
+    rc2, _, err2 = finished(_run("train_plain.py", 2, tmp_path, "p2", 4))
     assert rc1 == 0 and rc2 == 0, (err + err2)[-3000:]
     assert _diff(tmp_path / "p1.pt", tmp_path / "p2.pt") > 0.05       # another batch, another model
     p = _run("train_plain.py", 2, tmp_path, "p3", 100000)
     first = p.stdout.readline()                               # epoch 0 trained and validated
     assert first.startswith("epoch 0 "), first
-    for w in _workers(f"--out {tmp_path / 'p3.pt'}"):         # what srun delivers to each task
+    for w in worker_pids(f"--out {tmp_path / 'p3.pt'}"):         # what srun delivers to each task
         os.kill(w, signal.SIGTERM)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 128 + signal.SIGTERM, err[-2000:]
     assert sorted(os.listdir(tmp_path)) == ["p1.pt", "p2.pt"]          # nothing saved, no model
 

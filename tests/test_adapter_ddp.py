@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import pytest
-from helpers import progress_records, wait_step
+from helpers import finished, progress_records, wait_step, worker_pids
 
 from malletrain.runtime.selfcheck import torchrun_local
 
@@ -33,10 +32,6 @@ def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
                            *extra], procs, env=env)
 
 
-def _done(p, timeout=300):
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out, err
-
 
 def _diff(a, b):
     import torch
@@ -49,7 +44,7 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     epochs = 80                 # 5 steps an epoch: 400 optimizer steps of the global batch 256
     ckpt = ["--ckpt", str(tmp_path / "ck")]
     for procs in (1, 2):        # uninterrupted, on 1 and on 2 workers
-        rc, _, err = _done(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
+        rc, _, err = finished(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
                                 extra=["--ckpt", str(tmp_path / f"ck{procs}")]))
         assert rc == 0, err[-3000:]
     assert _diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt") < ROUNDING_BOUND
@@ -58,7 +53,7 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
     wait_step(metrics, 100)
     p.send_signal(signal.SIGTERM)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 3, err[-3000:]
     stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
@@ -66,15 +61,13 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     # 1 worker from that step; kill -9 of a worker of the next run (2 workers): it exits 137
     p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
     wait_step(metrics, stop["step"] + 100)
-    workers = subprocess.run(["pgrep", "-f", "--", f"--ckpt {tmp_path / 'ck'}"], capture_output=True,
-                             text=True).stdout.split()
-    victims = [int(w) for w in workers if b"malletrain.runtime.torchrun" not in open(f"/proc/{w}/cmdline", "rb").read()]
+    victims = worker_pids(f"--ckpt {tmp_path / 'ck'}")
     assert victims
     os.kill(victims[-1], signal.SIGKILL)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
     starts = [r for r in progress_records(metrics) if r["event"] == "start"]
-    rc, _, err = _done(_run("train_malleable.py", 1, tmp_path, "out", epochs, extra=ckpt, metrics=metrics))
+    rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "out", epochs, extra=ckpt, metrics=metrics))
     assert rc == 0, err[-3000:]
     recs = progress_records(metrics)
     assert [r["world"] for r in recs if r["event"] == "start"] == [3, 2, 1]
@@ -89,18 +82,18 @@ def test_without_the_adapter_the_script_loses_its_work_and_its_batch(tmp_path):
     """Negative controls: the plain script's result depends on the process count (its global
     batch is the per-process batch times the processes), and after SIGTERM it leaves nothing to
     resume from: the requeued job trains its epochs again."""
-    rc1, _, err = _done(_run("train_plain.py", 1, tmp_path, "p1", 20))
-    rc2, _, err2 = _done(_run("train_plain.py", 2, tmp_path, "p2", 20))
+    rc1, _, err = finished(_run("train_plain.py", 1, tmp_path, "p1", 20))
+    rc2, _, err2 = finished(_run("train_plain.py", 2, tmp_path, "p2", 20))
     assert rc1 == 0 and rc2 == 0, (err + err2)[-3000:]
     assert _diff(tmp_path / "p1.pt", tmp_path / "p2.pt") > 0.05       # another batch, another model
     p = _run("train_plain.py", 2, tmp_path, "p3", 100000)
     first = [p.stdout.readline() for _ in range(2)]          # epochs 0 and 1 trained
     p.send_signal(signal.SIGTERM)
-    rc, out, err = _done(p)
+    rc, out, err = finished(p)
     done = [int(line.split()[1]) for line in first + out.splitlines() if line.startswith("epoch ")]
     assert rc == 3 and done and max(done) >= 1, (rc, out[-500:], err[-2000:])    # requeued by the launch...
     assert sorted(os.listdir(tmp_path)) == ["p1.pt", "p2.pt"]                       # ... with nothing saved
-    rc, out, err = _done(_run("train_plain.py", 2, tmp_path, "p3", 1))
+    rc, out, err = finished(_run("train_plain.py", 2, tmp_path, "p3", 1))
     assert rc == 0 and out.splitlines()[0].startswith("epoch 0 ")      # its rerun trains epoch 0 again
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 
 import pytest
-from helpers import progress_records, wait_step
+from helpers import finished, progress_records, wait_step, worker_pids
 
 from malletrain.runtime.selfcheck import torchrun_local
 
@@ -32,10 +31,6 @@ def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=()):
                            "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
 
 
-def _done(p, timeout=300):
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out, err
-
 
 def _diff(a, b):
     from safetensors.torch import load_file
@@ -43,16 +38,12 @@ def _diff(a, b):
     return max((x[k] - y[k]).abs().max().item() for k in x)
 
 
-def _workers(marker: str) -> list[int]:
-    pids = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True, text=True).stdout.split()
-    return [int(w) for w in pids if b"malletrain.runtime.torchrun" not in open(f"/proc/{w}/cmdline", "rb").read()]
-
 
 @pytest.mark.slow
 def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     epochs = 4
     for procs in (1, 3):
-        rc, _, err = _done(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs))
+        rc, _, err = finished(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs))
         assert rc == 0, err[-3000:]
     assert _diff(tmp_path / "straight1", tmp_path / "straight3") < ROUNDING_BOUND
     metrics = str(tmp_path / "m.jsonl")
@@ -61,7 +52,7 @@ def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, metrics=metrics)
     wait_step(metrics, STEPS + 3)
     p.send_signal(signal.SIGTERM)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 3, err[-3000:]
     stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
@@ -75,13 +66,13 @@ def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     p = _run("train_malleable.py", 2, tmp_path, "out", epochs, metrics=metrics)
     wait_step(metrics, stop["step"] + 5)
     assert not (run / "checkpoint-999").exists() and (run / "corrupt-checkpoint-999").is_dir()
-    victims = _workers(f"--out-dir {run}")
+    victims = worker_pids(f"--out-dir {run}")
     assert victims
     os.kill(victims[-1], signal.SIGKILL)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
     # 1 worker finishes from the SIGTERM's checkpoint
-    rc, _, err = _done(_run("train_malleable.py", 1, tmp_path, "out", epochs, metrics=metrics))
+    rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "out", epochs, metrics=metrics))
     assert rc == 0, err[-3000:]
     recs = progress_records(metrics)
     starts = [r for r in recs if r["event"] == "start"]
@@ -98,17 +89,17 @@ def test_without_the_adapter_the_hf_script_loses_its_work_and_its_batch(tmp_path
     """Negative controls: the plain script's result depends on the process count (its global
     batch is the per-device batch times the processes), and SIGTERM kills its workers (the
     Trainer does not handle it: exit 143) with nothing saved to resume from."""
-    rc1, _, err = _done(_run("train_plain.py", 1, tmp_path, "p1", 2))
-    rc2, _, err2 = _done(_run("train_plain.py", 2, tmp_path, "p2", 2))
+    rc1, _, err = finished(_run("train_plain.py", 1, tmp_path, "p1", 2))
+    rc2, _, err2 = finished(_run("train_plain.py", 2, tmp_path, "p2", 2))
     assert rc1 == 0 and rc2 == 0, (err + err2)[-3000:]
     assert _diff(tmp_path / "p1", tmp_path / "p2") > 0.05       # another batch, another model
     p = _run("train_plain.py", 2, tmp_path, "p3", 1000)
     for line in p.stdout:                                     # an epoch trained and evaluated
         if "eval_accuracy" in line:
             break
-    for w in _workers(f"--out-dir {tmp_path / 'p3-run'}"):    # what srun delivers to each task
+    for w in worker_pids(f"--out-dir {tmp_path / 'p3-run'}"):    # what srun delivers to each task
         os.kill(w, signal.SIGTERM)
-    rc, _, err = _done(p)
+    rc, _, err = finished(p)
     assert rc == 128 + signal.SIGTERM, err[-2000:]
     assert not any(n.startswith("checkpoint-") for n in os.listdir(tmp_path / "p3-run"))
     assert not (tmp_path / "p3").exists()

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from helpers import worker_pids
 from live import GRACE_S, OPERATOR, VERSIONS, DaemonProc, metrics_records, wait_until
 
 from malletrain.domain.config import DaemonConfig, SlurmConfig
@@ -656,18 +657,10 @@ def test_adapted_script_under_torchrun_is_resized_killed_and_preempted_and_finis
 def _kill_a_worker(marker: str) -> bool:
     """SIGKILL one training process of the run whose command line holds ``marker`` (not
     torchrun's agent)."""
-    out = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True, text=True).stdout.split()
-    for pid in out:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if b"malletrain.runtime.torchrun" in argv or b"pgrep" in argv[0]:
-            continue
-        os.kill(int(pid), signal.SIGKILL)
-        return True
-    return False
+    pids = worker_pids(marker)
+    if pids:
+        os.kill(pids[0], signal.SIGKILL)
+    return bool(pids)
 
 
 def test_campaign_trials_run_under_the_daemon_and_status_shows_the_best(clean, tmp_path):
