@@ -64,6 +64,8 @@ class ChildFailedError(Exception):
     (None, 0),
     (SignalException("got signal 15"), EXIT_STOPPED),        # the agent was signalled: the job requeues
     (ChildFailedError([3, 3]), EXIT_STOPPED),                # every worker checkpointed and stopped
+    (ChildFailedError([3, -15]), EXIT_STOPPED),              # ... one of them got the agent's closing SIGTERM
+    (ChildFailedError([-15, -15]), 143),                     # killed before any checkpoint: not a stop
     (ChildFailedError([0, -9]), 137),                        # kill -9 of a worker
     (ChildFailedError([-15, -9], [5.0, 4.0]), 137),          # ... and the agent then stopped the other
     (ChildFailedError([3, 1]), 1),                           # a crash is a crash

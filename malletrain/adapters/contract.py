@@ -165,8 +165,12 @@ class Contract:
         ``epoch``/``in_epoch`` as they stand when it is iterated): this rank's micro-batches, or
         (``every_rank``) all of them in the order Accelerate's ``prepare`` deals them out.
         ``len``: the micro-batches left, or (``whole_epoch``) those of the whole epoch, which is
-        what Lightning counts its epoch's batches against."""
+        what Lightning counts its epoch's batches against.  A run restored at the last step of
+        an epoch goes on with the next epoch (Lightning builds the loader, and reads it ahead,
+        before it calls any epoch hook; without this its next epoch would be empty and lost)."""
         self.per_epoch = self.steps_per_epoch(dataset_len)
+        if self.in_epoch >= self.per_epoch:     # restored at the last step of an epoch: the next one
+            self.epoch, self.in_epoch = self.epoch + 1, 0
         return BatchPlan(self, dataset_len, every_rank, whole_epoch)
 
     # ---- the step boundary -----------------------------------------------------------------
@@ -227,7 +231,11 @@ class Contract:
                             signal=self.stop.name() if since is not None else None,
                             signal_to_exit_s=round(since, 3) if since is not None else None)
         self.metrics.close()
-        self.stop.uninstall()
+        if self.stopped != "signal":
+            # on a stop the handlers stay until the process exits: a second delivery (srun's,
+            # or torchrun's closing SIGTERM to a rank still tearing down) must not turn exit 3
+            # into death by SIGTERM
+            self.stop.uninstall()
         sys.stdout.flush()
         return EXIT_STOPPED if self.stopped == "signal" else 0
 

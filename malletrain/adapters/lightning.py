@@ -227,9 +227,10 @@ class Malleable(Contract, pl.Callback):
             self.saved(time.perf_counter() - t0, os.path.getsize(self.store.path(self.global_step)))
 
     def _close(self) -> int:
-        for sig, handler in self._handlers.items():
-            signal.signal(sig, handler)
-        self._handlers = {}
+        if self.stopped != "signal":        # on a stop, the flag handlers stay (Contract.exit_record)
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)
+            self._handlers = {}
         status = self.exit_record(log)
         if dist.is_initialized():
             dist.barrier()      # every rank is past its last collective before any leaves

@@ -20,7 +20,8 @@ which starts ``torch.distributed.run`` (torchrun) with what a run of a malleable
 
 Its exit status is the one the batch script acts on (:func:`exit_status`): 0 when the workers
 finished; 3 ("checkpointed, not finished": the job requeues) when the agent was signalled or the
-workers all exited 3; 128+N when a worker was killed by signal N (a signal other than the SIGTERM
+workers all exited 3 (or some did and the others died of the SIGTERM with which the agent closes
+the rest); 128+N when a worker was killed by signal N (a signal other than the SIGTERM
 with which the agent stops the others after one failed, if there is one); else the first status
 of a worker that failed (neither 0 nor 3).  torchrun itself would exit 1 with a traceback for a signal, which the batch
 script could not tell from a crash.
@@ -95,6 +96,10 @@ def exit_status(error: BaseException | None) -> int:
         codes = [getattr(f, "exitcode", 1) for _, f in sorted(failures.items())]
         codes = [c if isinstance(c, int) else 1 for c in codes]
         if all(c == EXIT_STOPPED for c in codes):
+            return EXIT_STOPPED
+        # a rank stopped at its checkpoint and the agent's closing SIGTERM reached another one
+        # while the interpreter was exiting (its handlers already reset): a stop all the same
+        if EXIT_STOPPED in codes and all(c in (EXIT_STOPPED, -signal.SIGTERM) for c in codes):
             return EXIT_STOPPED
         # after one worker dies the agent stops the others with SIGTERM: the other signal is the cause
         killed = sorted((c for c in codes if c < 0), key=lambda c: c == -signal.SIGTERM)
