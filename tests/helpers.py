@@ -181,3 +181,20 @@ def worker_pids(marker: str) -> list[int]:
         out.append(int(pid))
     return out
 
+
+def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), metrics=None):
+    """An example training script (``<directory>/<script>``) under the torchrun wrapper on this
+    host: ``epochs`` epochs, its model to ``<tmp>/<name>.pt``."""
+    from malletrain.runtime.selfcheck import torchrun_local
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": root, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
+    return torchrun_local([os.path.join(directory, script), "--epochs", str(epochs), "--out",
+                           str(tmp / f"{name}.pt"), *extra], procs, env=env)
+
+
+def param_diff(a, b):
+    """The largest difference of a parameter between two saved state dicts."""
+    import torch
+    x, y = torch.load(a), torch.load(b)
+    return max((x[k] - y[k]).abs().max().item() for k in x)
+

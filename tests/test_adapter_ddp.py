@@ -9,9 +9,7 @@ import os
 import signal
 
 import pytest
-from helpers import finished, progress_records, wait_step, worker_pids
-
-from malletrain.runtime.selfcheck import torchrun_local
+from helpers import finished, launch_example, param_diff, progress_records, wait_step, worker_pids
 
 pytestmark = pytest.mark.torch
 
@@ -27,16 +25,7 @@ ROUNDING_BOUND = 1e-4
 
 
 def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
-    env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun_local([os.path.join(DDP_DIR, script), "--epochs", str(epochs), "--out", str(tmp / f"{name}.pt"),
-                           *extra], procs, env=env)
-
-
-
-def _diff(a, b):
-    import torch
-    x, y = torch.load(a), torch.load(b)
-    return max((x[k] - y[k]).abs().max().item() for k in x)
+    return launch_example(DDP_DIR, script, procs, tmp, name, epochs, extra=extra, metrics=metrics)
 
 
 @pytest.mark.slow
@@ -47,7 +36,7 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
         rc, _, err = finished(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
                                 extra=["--ckpt", str(tmp_path / f"ck{procs}")]))
         assert rc == 0, err[-3000:]
-    assert _diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt") < ROUNDING_BOUND
+    assert param_diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt") < ROUNDING_BOUND
     # 3 workers, SIGTERM (what srun forwards): checkpoint at a step boundary, exit 3
     metrics = str(tmp_path / "m.jsonl")
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
@@ -74,7 +63,7 @@ def test_ddp_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     assert [r["step"] for r in recs if r["event"] == "start"][1] == stop["step"]      # resumed where it stopped
     assert starts[-1]["step"] == stop["step"] and recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done"
     assert recs[-1]["step"] == 5 * epochs
-    assert _diff(tmp_path / "straight1.pt", tmp_path / "out.pt") < ROUNDING_BOUND
+    assert param_diff(tmp_path / "straight1.pt", tmp_path / "out.pt") < ROUNDING_BOUND
 
 
 @pytest.mark.slow
@@ -85,7 +74,7 @@ def test_without_the_adapter_the_script_loses_its_work_and_its_batch(tmp_path):
     rc1, _, err = finished(_run("train_plain.py", 1, tmp_path, "p1", 20))
     rc2, _, err2 = finished(_run("train_plain.py", 2, tmp_path, "p2", 20))
     assert rc1 == 0 and rc2 == 0, (err + err2)[-3000:]
-    assert _diff(tmp_path / "p1.pt", tmp_path / "p2.pt") > 0.05       # another batch, another model
+    assert param_diff(tmp_path / "p1.pt", tmp_path / "p2.pt") > 0.05       # another batch, another model
     p = _run("train_plain.py", 2, tmp_path, "p3", 100000)
     first = [p.stdout.readline() for _ in range(2)]          # epochs 0 and 1 trained
     p.send_signal(signal.SIGTERM)
