@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -160,9 +161,44 @@ def wait_step(metrics, step, timeout_s=60):
 
 
 def finished(p, timeout=300):
-    """(status, stdout, stderr) of a launched run once it ended."""
-    out, err = p.communicate(timeout=timeout)
+    """(status, stdout, stderr) of a launched run once it ended.  Past ``timeout`` its session
+    (the wrapper, torchrun's agent and the workers) is killed, so that a hung run does not keep
+    processes for the rest of the tests, and TimeoutExpired is raised."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(p)
+        raise
     return p.returncode, out, err
+
+
+def kill_session(p) -> None:
+    """SIGKILL ``p`` and every process below it (torchrun's workers run in sessions of their
+    own, so a process group is not enough), then reap ``p``."""
+    for pid in [*descendants(p.pid), p.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.communicate()
+
+
+def descendants(root: int) -> list[int]:
+    """The pids below ``root`` in the process tree (from /proc)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    parent[int(name)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        kids = [pid for pid, pp in parent.items() if pp == todo.pop()]
+        out += kids
+        todo += kids
+    return out
 
 
 def worker_pids(marker: str) -> list[int]:

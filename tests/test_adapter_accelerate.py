@@ -31,11 +31,9 @@ def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
 @pytest.mark.slow
 def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     epochs = 10                 # 5 steps an epoch: 50 optimizer steps of the global batch 256
-    for procs in (1, 2):
-        rc, _, err = finished(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs,
-                                extra=["--ckpt", str(tmp_path / f"ck{procs}")]))
-        assert rc == 0, err[-3000:]
-    assert param_diff(tmp_path / "straight1.pt", tmp_path / "straight2.pt") < ROUNDING_BOUND
+    rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "straight1", epochs,     # uninterrupted
+                               extra=["--ckpt", str(tmp_path / "ck1")]))
+    assert rc == 0, err[-3000:]
     ckpt = ["--ckpt", str(tmp_path / "ck")]
     metrics = str(tmp_path / "m.jsonl")
     # 3 workers, SIGTERM (what srun forwards): checkpoint at a step boundary, exit 3

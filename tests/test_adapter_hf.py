@@ -42,10 +42,8 @@ def _diff(a, b):
 @pytest.mark.slow
 def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     epochs = 4
-    for procs in (1, 3):
-        rc, _, err = finished(_run("train_malleable.py", procs, tmp_path, f"straight{procs}", epochs))
-        assert rc == 0, err[-3000:]
-    assert _diff(tmp_path / "straight1", tmp_path / "straight3") < ROUNDING_BOUND
+    rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "straight1", epochs))    # uninterrupted
+    assert rc == 0, err[-3000:]
     metrics = str(tmp_path / "m.jsonl")
     run = tmp_path / "out-run"
     # 3 workers, SIGTERM (what srun forwards): the Trainer saves the step boundary, exit 3

@@ -31,8 +31,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.live]
 
 # The scenarios every Slurm release runs (the host's 22.05, 24.11 and 26.05 from cached
 # Debian roots): the backend contract, grow/shrink keeping the job id, preemption within
-# GraceTime with and without proactive vacate, re-adoption after kill -9, a slurmctld
-# outage.  The rest (PyTorch trials, campaigns, reload, submit retries) run on the host's.
+# GraceTime with proactive vacate, re-adoption after kill -9, a slurmctld outage.  The rest
+# (reactive give-back's start delay, PyTorch trials, campaigns, reload, submit retries) run on
+# the host's.
 MATRIX = pytest.mark.parametrize("cluster", VERSIONS, indirect=True)
 
 
@@ -252,16 +253,22 @@ def _primary_delay(cluster, tmp_path, vacate_lead_s: float) -> dict:
 
 @MATRIX
 def test_primary_job_start_delay_with_and_without_proactive_vacate(clean, tmp_path):
-    without = _primary_delay(clean, tmp_path, 0.0)
-    with_ = _primary_delay(clean, tmp_path, 60.0)
+    """Primary job B waits for A while a malleable job holds B's other nodes. Proactive vacate
+    gives them back before A ends, on every release. The comparison with reactive give-back
+    (40 s more of primary jobs) runs on the host's release only: what the daemon does there is
+    a shrink for a primary job, which every release runs in the grow/shrink test."""
     interval = 2.0
+    with_ = _primary_delay(clean, tmp_path, 60.0)
+    assert with_["gave_back_s"] is not None and with_["gave_back_s"] < with_["a_end"] - 10
+    assert with_["delay_s"] <= interval + 10
+    if clean.version != "host":
+        return
+    without = _primary_delay(clean, tmp_path, 0.0)
     report = {"slurm": clean.release, "grace_s": GRACE_S, "interval_s": interval,
               "without_vacate": without, "with_vacate": with_}
-    suffix = "" if clean.version == "host" else f"-{clean.version}"
-    keep_figures(f"slurm-primary-delay{suffix}.json", report, tmp_path)
+    keep_figures("slurm-primary-delay.json", report, tmp_path)
     # reactive: nodes go back once B is due; proactive: before A has even ended
     assert without["gave_back_s"] is None or without["gave_back_s"] >= without["a_end"] - 1
-    assert with_["gave_back_s"] is not None and with_["gave_back_s"] < with_["a_end"] - 10
     assert without["delay_s"] <= GRACE_S + interval + 10
     assert with_["delay_s"] < without["delay_s"]
 
@@ -317,7 +324,7 @@ def test_slurmctld_outage_is_waited_out(clean, tmp_path):
         wait_until(lambda: job in _running_nodes(cluster), 60, "job running")
         cluster.script("stop-ctld")
         t0 = time.time()
-        while time.time() - t0 < 60:
+        while time.time() - t0 < 30:        # cycles of 2 s, each read failing (5 s timeout, 1 retry)
             assert d.alive(), "the daemon must survive the outage"
             time.sleep(2)
         cluster.script("start-ctld")
