@@ -33,6 +33,14 @@ def pytest_unconfigure(config):
         shutil.rmtree(own, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _no_training_run_left_behind():
+    """A test that failed before its training runs ended leaves none running for the next."""
+    yield
+    import helpers
+    helpers.reap_launched()
+
+
 @pytest.fixture(scope="session")
 def operator_malletrain(tmp_path_factory):
     """``malletrain`` installed where the operator account can run it (built once per run)."""

@@ -218,14 +218,33 @@ def worker_pids(marker: str) -> list[int]:
     return out
 
 
+_LAUNCHED: list = []
+
+
+def torchrun(target: list[str], procs: int, *, env: dict | None = None):
+    """``selfcheck.torchrun_local``, remembered: after each test, ``reap_launched`` (an autouse
+    fixture of conftest.py) kills what a failed assertion left running, so that an orphaned
+    training run does not slow every test after it."""
+    from malletrain.runtime.selfcheck import torchrun_local
+    p = torchrun_local(target, procs, env=env)
+    _LAUNCHED.append(p)
+    return p
+
+
+def reap_launched() -> None:
+    while _LAUNCHED:
+        p = _LAUNCHED.pop()
+        if p.poll() is None:
+            kill_session(p)
+
+
 def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), metrics=None):
     """An example training script (``<directory>/<script>``) under the torchrun wrapper on this
     host: ``epochs`` epochs, its model to ``<tmp>/<name>.pt``."""
-    from malletrain.runtime.selfcheck import torchrun_local
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": root, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun_local([os.path.join(directory, script), "--epochs", str(epochs), "--out",
-                           str(tmp / f"{name}.pt"), *extra], procs, env=env)
+    return torchrun([os.path.join(directory, script), "--epochs", str(epochs), "--out",
+                     str(tmp / f"{name}.pt"), *extra], procs, env=env)
 
 
 def param_diff(a, b):

@@ -10,9 +10,7 @@ import shutil
 import signal
 
 import pytest
-from helpers import finished, progress_records, wait_step, worker_pids
-
-from malletrain.runtime.selfcheck import torchrun_local
+from helpers import finished, progress_records, torchrun, wait_step, worker_pids
 
 pytestmark = pytest.mark.torch
 
@@ -27,7 +25,7 @@ ROUNDING_BOUND = 1e-3
 
 def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=()):
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun_local([os.path.join(DIR, script), "--epochs", str(epochs), "--out", str(tmp / name),
+    return torchrun([os.path.join(DIR, script), "--epochs", str(epochs), "--out", str(tmp / name),
                            "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
 
 

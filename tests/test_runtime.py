@@ -12,10 +12,10 @@ import sys
 import time
 
 import pytest
-from helpers import progress_records, wait_step
+from helpers import progress_records, torchrun, wait_step
 
 from malletrain.runtime.checkpoint import CheckpointStore
-from malletrain.runtime.selfcheck import Launcher, Plan, free_port, torchrun_local
+from malletrain.runtime.selfcheck import Launcher, Plan, free_port
 
 pytestmark = pytest.mark.torch
 torch = None   # imported by the fixture below, so that the fast tier can collect (and deselect) this file
@@ -245,7 +245,7 @@ def _torchrun(procs, ckpt, until, *, sleep_s=0.0, metrics=None, grace_s=10):
     """The wrapper the torchrun launch runs on each node, here one node with ``procs`` workers."""
     env = {"MALLETRAIN_GRACE_S": str(grace_s), "PYTHONPATH": ROOT,
            **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun_local(["-m", "malletrain.runtime.reference", "--dir", ckpt, "--until", str(until),
+    return torchrun(["-m", "malletrain.runtime.reference", "--dir", ckpt, "--until", str(until),
                            "--step-sleep-s", str(sleep_s)], procs, env=env)
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from helpers import worker_pids
+from helpers import torchrun, worker_pids
 from live import GRACE_S, OPERATOR, VERSIONS, DaemonProc, metrics_records, wait_until
 
 from malletrain.domain.config import DaemonConfig, SlurmConfig
@@ -605,8 +605,7 @@ def test_adapted_script_under_torchrun_is_resized_killed_and_preempted_and_finis
     # and 4 such processes on 2 cores ran the HF job at 2.5 s a step)
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip()
-    from malletrain.runtime.selfcheck import torchrun_local
-    ref = torchrun_local([script, *ex.args(tmp_path / "ref")], 1, env={"PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
+    ref = torchrun([script, *ex.args(tmp_path / "ref")], 1, env={"PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
     starts = lambda: [r for r in metrics_records(tmp_path, job) if r["event"] == "start"]     # noqa: E731
     d = DaemonProc(tmp_path, cluster).start()
     try:
