@@ -41,7 +41,7 @@ def test_random_replays_keep_invariants(policy, seeds):
         trace = random_trace(rng, rng.randint(2, 20), 4000)
         workload = random_workload(rng, rng.randint(1, 7))
         core = CoreConfig(policy=policy, min_dwell_s=rng.choice([0.0, 60.0]),
-                          bftrainer_time_limit_s=rng.choice([0.05, 0.2]))
+                          bftrainer_time_limit_s=rng.choice([0.05, 2.0]))
         res = run_replay(trace, workload, ReplayOptions(
             core=core, interval_s=rng.choice([15.0, 30.0, 120.0]), max_jobs=rng.choice([None, 2]),
             noise=0.1, seed=seed, check_invariants=True))
