@@ -341,6 +341,58 @@ def test_slurmctld_outage_is_waited_out(clean, tmp_path):
 
 
 @MATRIX
+def test_members_of_a_held_array_start_stop_and_are_preempted_one_node_at_a_time(clean, tmp_path):
+    """What issue #26's groups stand on, on every release: a malleable job as a held job array
+    of 1-node members. As the operator: a member starts on a chosen node (update ReqNodeList and
+    StartTime=now, release; each task becomes a job of its own) while the others stay held; one
+    member is held back (requeuehold) and the others run on untouched; a primary job that needs
+    one member's node preempts that member alone; the held member starts again on another node
+    with its own job id kept."""
+    c = clean
+
+    def op(*argv: str) -> None:
+        out = subprocess.run(["setpriv", f"--reuid={OPERATOR}", f"--regid={OPERATOR}", "--init-groups", *argv],
+                             env=c.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, (argv, out.stderr)
+
+    def members() -> dict[str, dict]:
+        out = c.sh("squeue", "-h", "-r", "-j", base, "-o", "%K|%A|%T|%r|%N")
+        rows = [line.split("|") for line in out.splitlines()]
+        return {k: dict(id=a, state=t, reason=r, node=n) for k, a, t, r, n in rows}
+
+    def start(task: str, node: str) -> None:
+        op(f"{c.bin}/scontrol", "update", f"JobId={base}_{task}", f"ReqNodeList={node}", "StartTime=now")
+        op(f"{c.bin}/scontrol", "release", f"{base}_{task}")
+
+    base = c.sh("sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--requeue", "--hold", "--array=0-3",
+                "-o", "/dev/null", "--wrap", "sleep 600").strip()
+    assert {m["state"] for m in members().values()} == {"PENDING"}
+    for task, node in (("0", "n1"), ("1", "n2"), ("2", "n3")):
+        start(task, node)
+    wait_until(lambda: [members()[k]["state"] for k in "0123"] == ["RUNNING"] * 3 + ["PENDING"], 60,
+               "three members running, one held")
+    first = members()
+    assert [first[k]["node"] for k in "012"] == ["n1", "n2", "n3"], first
+    assert len({first[k]["id"] for k in "0123"}) == 4                   # a job id for each member
+    op(f"{c.bin}/scontrol", "requeuehold", first["1"]["id"])            # shrink: one member held back
+    wait_until(lambda: members()["1"]["state"] == "PENDING", 60, "member 1 held")
+    prim = c.sh("sbatch", "--parsable", "-p", "batch", "-N", "1", "-w", "n3", "-o", "/dev/null",
+                "--wrap", "sleep 2").strip()
+    wait_until(lambda: c.jobs().get(prim, {}).get("state") in ("RUNNING", None), 90,
+               "the primary job to take n3")
+    after = members()
+    assert after["2"]["state"] in ("PENDING", "REQUEUED", "COMPLETING"), after   # preempted alone
+    assert after["0"]["state"] == "RUNNING" and after["0"]["node"] == "n1", after
+    assert c.job_times(first["0"]["id"])["Restarts"] == "0"
+    start("1", "n4")                                                    # grow: the held member again
+    wait_until(lambda: members()["1"]["state"] == "RUNNING", 60, "member 1 running on n4")
+    again = members()
+    assert again["1"]["node"] == "n4" and again["1"]["id"] == first["1"]["id"], again
+    assert c.job_times(first["1"]["id"])["Restarts"] == "1"
+    assert again["0"]["state"] == "RUNNING" and again["3"]["state"] == "PENDING", again
+
+
+@MATRIX
 def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
     """Primary jobs of known sizes run; slurmdbd's record of them (``sacct``, the export the
     README names, in Slurm's default time format) is replayed: the idle node-seconds replay
@@ -840,6 +892,10 @@ def test_trial_preempted_by_slurm_alone_is_requeued_not_completed(clean, tmp_pat
     wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 90,
                "the primary job to preempt the trial")
     assert cluster.jobs().get(job, {}).get("state") == "PENDING", cluster.jobs().get(job)
+    # Slurm makes a requeued job eligible 2 minutes later (SLURM-NOTES); the daemon lifts that
+    # with StartTime=now when it starts a job, and so does this test, which is about the requeue
+    wait_until(lambda: cluster.jobs().get(prim, {}).get("state") is None, 60, "the primary job to end")
+    cluster.sh("scontrol", "update", f"jobid={job}", "StartTime=now")
     result = tmp_path / "ckpt" / "result.json"
     wait_until(lambda: result.exists() and json.loads(result.read_text()).get("final"), 300,
                "Slurm to rerun the trial to the end")
