@@ -3,6 +3,7 @@
 ``python -m devtools bench jpa|replay|runtime`` (benchmarks that read
 ``../shared/data`` or the examples), ``python -m devtools example`` (rebuild
 ``examples/`` from the public data), ``python -m devtools.demo_live`` (the live
-demo driver) and ``python -m devtools.synthjob`` (a synthetic malleable job for
-the scheduling tests and the demo).
+demo driver), ``python -m devtools.synthjob`` (a synthetic malleable job for
+the scheduling tests and the demo) and ``python -m devtools.reform_probe`` (issue #26's
+feasibility probe: the pause of re-forming a gloo process group in place).
 """
