@@ -161,18 +161,18 @@ def wait_step(metrics, step, timeout_s=60):
 
 
 def finished(p, timeout=300):
-    """(status, stdout, stderr) of a launched run once it ended.  Past ``timeout`` its session
-    (the wrapper, torchrun's agent and the workers) is killed, so that a hung run does not keep
-    processes for the rest of the tests, and TimeoutExpired is raised."""
+    """(status, stdout, stderr) of a launched run once it ended.  Past ``timeout`` the run and
+    every process below it (the wrapper, torchrun's agent and the workers) are killed, so that a
+    hung run does not keep processes for the rest of the tests, and TimeoutExpired is raised."""
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_session(p)
+        kill_tree(p)
         raise
     return p.returncode, out, err
 
 
-def kill_session(p) -> None:
+def kill_tree(p) -> None:
     """SIGKILL ``p`` and every process below it (torchrun's workers run in sessions of their
     own, so a process group is not enough), then reap ``p``."""
     for pid in [*descendants(p.pid), p.pid]:
@@ -195,7 +195,8 @@ def descendants(root: int) -> list[int]:
                 continue
     out, todo = [], [root]
     while todo:
-        kids = [pid for pid, pp in parent.items() if pp == todo.pop()]
+        above = todo.pop()
+        kids = [pid for pid, pp in parent.items() if pp == above]
         out += kids
         todo += kids
     return out
@@ -235,7 +236,7 @@ def reap_launched() -> None:
     while _LAUNCHED:
         p = _LAUNCHED.pop()
         if p.poll() is None:
-            kill_session(p)
+            kill_tree(p)
 
 
 def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), metrics=None):

@@ -26,7 +26,7 @@ ROUNDING_BOUND = 1e-3
 def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=()):
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
     return torchrun([os.path.join(DIR, script), "--epochs", str(epochs), "--out", str(tmp / name),
-                           "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
+                     "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
 
 
 

@@ -246,7 +246,7 @@ def _torchrun(procs, ckpt, until, *, sleep_s=0.0, metrics=None, grace_s=10):
     env = {"MALLETRAIN_GRACE_S": str(grace_s), "PYTHONPATH": ROOT,
            **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
     return torchrun(["-m", "malletrain.runtime.reference", "--dir", ckpt, "--until", str(until),
-                           "--step-sleep-s", str(sleep_s)], procs, env=env)
+                     "--step-sleep-s", str(sleep_s)], procs, env=env)
 
 
 def _sha(out: str) -> str:

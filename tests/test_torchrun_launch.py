@@ -2,7 +2,12 @@
 from the job, and how torchrun's ending maps onto the exit status the batch script acts on."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
+from helpers import descendants, kill_tree
 
 from malletrain.domain.errors import InputError
 from malletrain.runtime.launch import discover
@@ -80,3 +85,30 @@ def test_workers_under_torchrun_join_the_agents_store():
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "4000"}
     assert not discover(env).agent_store
     assert discover({**env, "TORCHELASTIC_USE_AGENT_STORE": "True"}).agent_store
+
+
+def test_a_hung_run_is_killed_with_the_workers_in_sessions_of_their_own():
+    """What tests/helpers.finished does past its timeout: torchrun's agent starts each worker in
+    a session of its own, so the wrapper's process group would miss them; the tree is walked."""
+    code = ("import subprocess, sys, time\n"
+            "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+            "print(kid.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    kid = int(p.stdout.readline())
+    assert descendants(p.pid) == [kid]
+    kill_tree(p)
+    assert p.returncode == -9
+    deadline = time.monotonic() + 10
+    while _alive(kid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(kid)
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for whoever inherited it."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
