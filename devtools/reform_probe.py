@@ -79,13 +79,12 @@ def _worker(member: int, first_round: int, port: int, timeout_s: float, q) -> No
         dist.init_process_group("gloo", store=dist.PrefixStore(f"pg{rnd}/", store), rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         t2 = time.perf_counter()
-        flat = _flat(model, opt) if joined or member in plan.get("old", []) else None
         if plan.get("new"):                    # state from rank 0 to everyone (joiners use it)
-            if flat is None:                   # a joiner: Adam's state exists after one step
+            if not joined:                     # a joiner: Adam's state exists after one step
                 model(x[:1]).sum().backward()
                 opt.step()
                 opt.zero_grad()
-                flat = _flat(model, opt)
+            flat = _flat(model, opt)
             buf = flat.clone() if rank == 0 else torch.empty_like(flat)
             dist.broadcast(buf, 0)
             digest = torch.tensor(list(bytes.fromhex(_sha(buf))), dtype=torch.uint8)

@@ -154,6 +154,13 @@ class Cluster(LocalSlurm):
             raise RuntimeError(f"{' '.join(argv)}: {out.stderr}")
         return out.stdout
 
+    def as_operator(self, *argv: str) -> None:
+        """Run a command of this cluster as the operator account (the daemon's rights); it must
+        succeed."""
+        out = subprocess.run(["setpriv", f"--reuid={OPERATOR}", f"--regid={OPERATOR}", "--init-groups", "--", *argv],
+                             env=self.env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, (argv, out.stderr)
+
     def jobs(self) -> dict[str, dict]:
         """Every queued job's Slurm-written fields (user text never enters this read)."""
         out = self.sh("squeue", "-h", "-a", "-o", "%i|%P|%T|%r|%N|%S|%u")

@@ -60,15 +60,6 @@ def test_a_job_slurm_cancels_for_a_primary_job_is_requeued_and_finishes_once(cle
     assert st is not None and not any(j.job == job and j.reason_code == "gave-up" for j in st.jobs)
 
 
-def _as_operator(cluster, *argv: str) -> None:
-    import subprocess
-
-    from live import OPERATOR
-    out = subprocess.run(["setpriv", f"--reuid={OPERATOR}", f"--regid={OPERATOR}", "--init-groups", "--", *argv],
-                         env=cluster.env, capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-
-
 def test_an_owners_association_node_limit_holds_for_the_daemons_resizes(clean, users, user_conf, tmp_path):
     cluster = clean
     alice = User(users[ALICE], user_conf, cluster.bin)
@@ -80,9 +71,9 @@ def test_an_owners_association_node_limit_holds_for_the_daemons_resizes(clean, u
         wait_until(lambda: cluster.jobs().get(own, {}).get("state") == "RUNNING", 30, "alice's own job to run")
         # what Slurm does alone: an operator's resize to 2 (3 nodes in all) lifts the limit
         probe = alice.sbatch("-p", "scavenger", "-N", "1", "--hold", "-o", "/dev/null", "--wrap", "sleep 60")
-        _as_operator(cluster, "scontrol", "update", f"jobid={probe}", "NumNodes=2-2", "ReqNodeList=n[1-2]",
+        cluster.as_operator("scontrol", "update", f"jobid={probe}", "NumNodes=2-2", "ReqNodeList=n[1-2]",
                      "StartTime=now")
-        _as_operator(cluster, "scontrol", "release", probe)
+        cluster.as_operator("scontrol", "release", probe)
         slurm_alone = wait_until(lambda: cluster.jobs().get(probe, {}).get("state") == "RUNNING" and "RUNNING",
                                  30, "the operator-resized job to start beyond its owner's limit")
         cluster.sh("scancel", probe)

@@ -349,11 +349,7 @@ def test_members_of_a_held_array_start_stop_and_are_preempted_one_node_at_a_time
     one member's node preempts that member alone; the held member starts again on another node
     with its own job id kept."""
     c = clean
-
-    def op(*argv: str) -> None:
-        out = subprocess.run(["setpriv", f"--reuid={OPERATOR}", f"--regid={OPERATOR}", "--init-groups", *argv],
-                             env=c.env, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, (argv, out.stderr)
+    op = c.as_operator
 
     def members() -> dict[str, dict]:
         out = c.sh("squeue", "-h", "-r", "-j", base, "-o", "%K|%A|%T|%r|%N")
