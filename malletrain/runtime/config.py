@@ -31,6 +31,12 @@ class RuntimeConfig:
     mapping: str | tuple = "contiguous"
     metrics_path: str | None = None   # $MALLETRAIN_METRICS
     collective_timeout_s: float = 300.0
+    # an elastic job (:mod:`.elastic`): one process per member; members leave and join at step
+    # boundaries without restarting the others
+    elastic: bool = False
+    pulse_s: float = 0.1              # a member's liveness counter is rewritten this often
+    dead_s: float = 1.0               # a member whose counter stood still this long is gone
+    join_wait_s: float = 600.0        # a joiner not admitted by then exits to be requeued
     extra: Mapping = field(default_factory=dict)   # free-form, stored in the checkpoint
 
     def __post_init__(self) -> None:
@@ -52,6 +58,16 @@ class RuntimeConfig:
         if not 0 < self.collective_timeout_s < 1e7:
             problems.append(("collective_timeout_s", "must be > 0 seconds (the rendezvous and "
                                                      "every collective wait at most this long)"))
+        if not 0 < self.pulse_s < self.dead_s:
+            problems.append(("pulse_s", "must be > 0 and below dead_s"))
+        if not 0 < self.join_wait_s < 1e7:
+            problems.append(("join_wait_s", "must be > 0 seconds"))
+        if self.elastic and self.mode != "consistency":
+            problems.append(("elastic", "needs mode consistency (every process keeps every "
+                                        "logical worker's RNG stream, so any may leave)"))
+        if self.elastic and not isinstance(self.mapping, str):
+            problems.append(("mapping", "an elastic job's process count changes: use contiguous "
+                                        "or round_robin, not a fixed list"))
         if isinstance(self.mapping, str) and self.mapping not in MAPPINGS:
             problems.append(("mapping", f"must be one of {', '.join(MAPPINGS)} or a list of lists"))
         if problems:

@@ -55,9 +55,11 @@ log = logging.getLogger("malletrain.runtime")
 # grace time as COMPLETED and never run it again)
 EXIT_STOPPED = 3
 
-# extra columns after the flattened gradient in each exchanged row
-LOSS, STOP, FORCE, CKPT, PRUNE = range(5)
-EXTRA = 5
+# extra columns after the flattened gradient in each exchanged row (LEAVE and JOIN: an elastic
+# job's membership changes, :mod:`.elastic`)
+LOSS, STOP, FORCE, CKPT, PRUNE, LEAVE, JOIN = range(7)
+EXTRA = 7
+Flags = tuple[float, float, float, float, float, float]   # stop, force, ckpt, prune, leave, join
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class StepResult:
 
 
 class Runtime:
+    def __new__(cls, cfg: RuntimeConfig, *args, **kwargs):
+        if cls is Runtime and cfg.elastic:       # members that leave and join (:mod:`.elastic`)
+            from malletrain.runtime.elastic import ElasticRuntime
+            return super().__new__(ElasticRuntime)
+        return super().__new__(cls)
+
     def __init__(self, cfg: RuntimeConfig, info: DistInfo | None = None) -> None:
         self.cfg = cfg
         self.info = info or discover_process()
@@ -145,6 +153,19 @@ class Runtime:
     def prepare(self, model, optimizer, scheduler=None, *, data) -> Runtime:
         """Attach the model, optimizer, scheduler and dataset; restore the newest checkpoint."""
         t0 = time.perf_counter()
+        self._attach(model, optimizer, scheduler, data)
+        restored = self._restore_agreed()
+        if restored is None:
+            self._broadcast_initial()
+            if self.cfg.mode == "tolerance":
+                self._seed_rng(logical.mix(self.cfg.seed, 0, self.info.rank))
+        else:
+            self._load(restored.state)
+            log.info("restored %s (step %d) in %.3fs", restored.path, restored.step, restored.read_s)
+        self._started(t0)
+        return self
+
+    def _attach(self, model, optimizer, scheduler, data) -> None:
         self.model = model.to(self.device)
         self.optimizer, self.scheduler = optimizer, scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -159,15 +180,13 @@ class Runtime:
             raise InputError(str(exc)) from None
         self._perm_epoch: int | None = None
         self._perm: Any = None
-        self.rng = {w: self._seed_rng(logical.mix(self.cfg.seed, w)) for w in self.mine}
-        restored = self._restore_agreed()
-        if restored is None:
-            self._broadcast_initial()
-            if self.cfg.mode == "tolerance":
-                self._seed_rng(logical.mix(self.cfg.seed, 0, self.info.rank))
-        else:
-            self._load(restored.state)
-            log.info("restored %s (step %d) in %.3fs", restored.path, restored.step, restored.read_s)
+        self.rng = {w: self._seed_rng(logical.mix(self.cfg.seed, w)) for w in self._rng_workers()}
+
+    def _rng_workers(self):
+        """The logical workers whose RNG streams this process keeps: its own."""
+        return self.mine
+
+    def _started(self, t0: float) -> None:
         self._saved_step = self.step
         self.timings["restore_s"] = time.perf_counter() - t0
         self.t_start = time.monotonic()
@@ -176,7 +195,6 @@ class Runtime:
         log.info("rank %d/%d (%s, %s) owns logical workers %s of %d; step %d",
                  self.info.rank, self.info.world, self.info.launcher, self.backend,
                  list(self.mine), self.cfg.logical_workers, self.step)
-        return self
 
     def _seed_rng(self, seed: int) -> dict:
         torch.manual_seed(seed)
@@ -259,14 +277,14 @@ class Runtime:
             self._step_times = self._step_times[-20:]
         return res
 
-    def _local_flags(self) -> tuple[float, float, float, float]:
+    def _local_flags(self) -> Flags:
         ckpt = 0.0
         if self.info.rank == 0:
             every, every_s = self.cfg.checkpoint_every_steps, self.cfg.checkpoint_every_s
             if (every and (self.step + 1) % every == 0) or \
                     (every_s and time.monotonic() - self._last_ckpt_t >= every_s):
                 ckpt = 1.0
-        return float(self.stop.requested), float(self.stop.forced), ckpt, float(self._prune)
+        return float(self.stop.requested), float(self.stop.forced), ckpt, float(self._prune), 0.0, 0.0
 
     # ---- validation --------------------------------------------------------------------
     def report(self, value: float, **fields: float) -> bool:
@@ -334,14 +352,14 @@ class Runtime:
 
     def _consistent_step(self, loss_fn, flags) -> StepResult:
         L, n, m = self.cfg.logical_workers, self.numel, self._buf_words
-        width = max(len(ws) for ws in self.owned)
-        # row: gradient (n) | loss | stop, force, ckpt | worker 0's buffers as raw 32-bit words (m)
-        rows = torch.zeros(width, n + EXTRA + m, dtype=torch.float32, device=self.device)
+        width, tail = max(len(ws) for ws in self.owned), self._tail_words()
+        # row: gradient (n) | loss | flags | worker 0's buffers as raw 32-bit words (m) | tail
+        rows = torch.zeros(width, n + EXTRA + m + tail, dtype=torch.float32, device=self.device)
         snap = [b.detach().clone() for b in self.buffers]
         rng_start = {w: self.rng[w] for w in self.mine}
         for i, w in enumerate(self.mine):
             if self.stop.forced:
-                flags = (1.0, 1.0, flags[2], flags[3])
+                flags = self._local_flags()
                 break
             if i:
                 with torch.no_grad():
@@ -354,22 +372,21 @@ class Runtime:
             loss.backward()
             self.rng[w] = self._get_rng()
             if w == 0 and m:
-                rows[i, n + EXTRA:] = _pack(self.buffers)
+                rows[i, n + EXTRA:n + EXTRA + m] = _pack(self.buffers)
+            if tail:
+                rows[i, n + EXTRA + m:] = self._tail(w)
             self._flatten_into(rows[i, :n])
             rows[i, n + LOSS] = loss.detach().float()
         rows[:, n + STOP:n + EXTRA] = torch.tensor(flags, device=self.device)
-        if self.pg is None:
-            gathered = [rows]
-        else:
-            gathered = [torch.empty_like(rows) for _ in range(self.info.world)]
-            dist.all_gather(gathered, rows)
-        stop, force, ckpt, prune = torch.cat([g[:, n + STOP:n + EXTRA] for g in gathered]).amax(0).tolist()
+        gathered = self._exchange(rows)
+        if gathered is None:     # an elastic job lost a member mid-step: the step is redone
+            self._undo(snap, rng_start)
+            self._lost()
+            return StepResult(self.step, float("nan"), False)
+        self._gathered(gathered)
+        stop, force, ckpt, prune = torch.cat([g[:, n + STOP:n + PRUNE + 1] for g in gathered]).amax(0).tolist()
         if force:
-            with torch.no_grad():
-                for b, s in zip(self.buffers, snap):
-                    b.copy_(s)
-            self.rng.update(rng_start)
-            self._clear_grads()
+            self._undo(snap, rng_start)
             self._after_step(stop=True, forced=True, ckpt=False)
             return StepResult(self.step, float("nan"), False)
         r0, i0 = self.where[0]
@@ -380,10 +397,48 @@ class Runtime:
         acc.div_(L)
         self._set_grads(acc[:n])
         if m:
-            _unpack(self.buffers, gathered[r0][i0, n + EXTRA:])
+            _unpack(self.buffers, gathered[r0][i0, n + EXTRA:n + EXTRA + m])
         self._apply()
         self._after_step(stop=bool(stop), forced=False, ckpt=bool(ckpt), prune=bool(prune))
         return StepResult(self.step, float(acc[n + LOSS]), True)
+
+    # ---- hooks an elastic job (:mod:`.elastic`) fills in ------------------------------------
+    def _tail_words(self) -> int:
+        """32-bit words each consistency row carries after the buffers."""
+        return 0
+
+    def _tail(self, worker: int):
+        raise NotImplementedError
+
+    def _exchange(self, rows):
+        """Every process's rows, in rank order (None: a member was lost, redo the step)."""
+        if self.pg is None:
+            return [rows]
+        gathered = [torch.empty_like(rows) for _ in range(self.info.world)]
+        dist.all_gather(gathered, rows)
+        return gathered
+
+    def _gathered(self, gathered) -> None:
+        """Sees every process's rows before the step is applied."""
+
+    def _lost(self) -> None:
+        raise AssertionError("only an elastic job loses members")
+
+    def _undo(self, snap, rng_start) -> None:
+        with torch.no_grad():
+            for b, s in zip(self.buffers, snap):
+                b.copy_(s)
+        self.rng.update(rng_start)
+        self._clear_grads()
+
+    def _barrier(self) -> None:
+        if self.pg is not None:
+            dist.barrier()
+
+    def _leave_group(self) -> None:
+        if self.pg is not None:
+            dist.destroy_process_group()
+            self.pg = None
 
     def _tolerant_step(self, loss_fn, flags) -> StepResult:
         L, n = self.cfg.logical_workers, self.numel
@@ -434,7 +489,7 @@ class Runtime:
     def state(self) -> dict:
         """Everything needed to continue exactly (gathers the workers' RNG states: collective)."""
         rng = {w: _cpu_rng(s) for w, s in self.rng.items()} if self.cfg.mode == "consistency" else {}
-        if self.pg is not None and rng:
+        if self.pg is not None and rng and len(rng) < self.cfg.logical_workers:
             rng = self._gather_rng(rng)
         return {
             "format": 1, "step": self.step, "samples": self.samples, "mode": self.cfg.mode,
@@ -478,8 +533,7 @@ class Runtime:
             log.info("checkpoint step %d: %.2f MB in %.3fs", self.step, saved.bytes / 1e6, total)
             self.metrics.record("checkpoint", step=self.step, samples=self.samples, step_s=0.0,
                                 write_s=round(total, 4), bytes=saved.bytes)
-        if self.pg is not None:
-            dist.barrier()
+        self._barrier()
         self._saved_step = self.step
         self._last_ckpt_t = time.monotonic()
 
@@ -496,7 +550,7 @@ class Runtime:
             self.scheduler.load_state_dict(st["scheduler"])
         self.step = int(st["step"])
         if cfg.mode == "consistency":
-            self.rng = {w: st["rng"][w] for w in self.mine}
+            self.rng = {w: st["rng"][w] for w in self._rng_workers()}
         else:
             self._seed_rng(logical.mix(cfg.seed, self.step, self.info.rank))
 
@@ -523,9 +577,7 @@ class Runtime:
                             signal_to_exit_s=round(since, 3) if since is not None else None)
         self.metrics.close()
         self.stop.uninstall()
-        if self.pg is not None:
-            dist.destroy_process_group()
-            self.pg = None
+        self._leave_group()
         return EXIT_STOPPED if self.stopped is not None and not pruned else 0
 
 

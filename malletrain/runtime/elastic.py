@@ -1,0 +1,483 @@
+"""An elastic job: members leave and join at step boundaries; the others keep training.
+
+``RuntimeConfig(elastic=True, ...)`` makes :class:`~malletrain.runtime.trainer.Runtime` one of
+these.  Each process is a *member* (one per node: in Slurm, one member of the job's group, its
+id ``MALLETRAIN_MEMBER`` or ``SLURM_ARRAY_TASK_ID``).  Members meet in the job's private store
+(:mod:`.membership`), and every round of membership gets a gloo process group of its own:
+
+* **leave** (a member got SIGTERM: Slurm preempts or holds its node): the leave flag rides with
+  the step's rows; at the boundary every rank agrees who leaves, the leavers exit (status 3,
+  to be requeued and held), the others build the next group.  Nobody restarts, nothing is read
+  from disk.  When every member leaves at once the group stops as a whole: a checkpoint, as
+  before.
+* **join** (a new member started, built its model and data, and asked the store): rank 0 sees
+  the request, the count rides with the step's rows, and at the boundary the group admits it.
+  The state (model, optimizer, scheduler, every logical worker's RNG stream, the step) goes
+  from a survivor to the joiner as plain bytes (:mod:`.wire`, never pickled) and is checked by
+  SHA-256 against the digest the sender put in the store.
+* **loss** (``kill -9``, a dead node): the step's collective fails (a closed connection at once;
+  a silent peer when its pulse stood still for ``dead_s``, or at ``collective_timeout_s``).  The
+  partial step is undone; the survivors agree in the store who goes on (:func:`.membership.decide`),
+  build the next group, and whoever is behind (a peer that finished the step while another did
+  not) gets the newest state from one that is ahead, so no step is lost or applied twice.
+* the first member (or the first after the whole group stopped) *founds* a generation and
+  restores the newest checkpoint; every later one joins.
+
+Consistency mode only: each process keeps every logical worker's RNG stream (each row carries
+its workers' streams after the step), so the state any survivor holds is the whole state, and
+the final parameters are bitwise those of an uninterrupted run.  Each new group's ranks prove
+that they read the generation's key from the private store (an HMAC over the data plane) before
+any of their rows is used.  If the group cannot re-form within its bounds, each process holding
+the newest state writes a checkpoint and exits to be requeued (today's path).
+
+What a CPU machine cannot show: NCCL (only gloo is supported here), and the cost of sending a
+large model's state over a real network.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import hmac
+import logging
+import os
+import stat
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from malletrain.domain.errors import ConfigError, InputError
+from malletrain.runtime import logical, membership, wire
+from malletrain.runtime.config import RuntimeConfig
+from malletrain.runtime.launch import DistInfo, discover_process
+from malletrain.runtime.membership import MembershipError
+from malletrain.runtime.metrics import MetricsWriter
+from malletrain.runtime.trainer import EXTRA, JOIN, LEAVE, Flags, Runtime
+
+log = logging.getLogger("malletrain.runtime")
+DIR_NAME = ".elastic"
+ATTEMPTS = 3          # re-forming tries after a failure before falling back to a checkpoint
+
+
+def member_id(env=None) -> int:
+    env = os.environ if env is None else env
+    raw = env.get("MALLETRAIN_MEMBER") or env.get("SLURM_ARRAY_TASK_ID")
+    if raw is None or not raw.isdigit():
+        raise InputError("an elastic job needs its member id: MALLETRAIN_MEMBER or "
+                         "SLURM_ARRAY_TASK_ID (an integer)")
+    return membership.check_member(int(raw))
+
+
+def private_dir(path: str) -> str:
+    """``path`` created 0700 if missing; refused unless it is a directory of this user that
+    no one else can enter (the store in it is the rendezvous: it must stay private)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise InputError("the elastic store's directory must be a private directory of yours "
+                         "(mode 0700, not a link)", path=path)
+    os.makedirs(os.path.join(path, "pulse"), mode=0o700, exist_ok=True)
+    return path
+
+
+class _Pulse(threading.Thread):
+    """Rewrites this member's pulse counter every ``pulse_s``, whatever training does."""
+
+    def __init__(self, directory: str, member: int, pulse_s: float) -> None:
+        super().__init__(name="malletrain-pulse", daemon=True)
+        self.directory, self.member, self.pulse_s = directory, member, pulse_s
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        count = 0
+        while not self.halt.is_set():
+            count += 1
+            try:
+                membership.write_pulse(self.directory, self.member, count)
+            except OSError as exc:
+                log.warning("pulse: %s", exc)
+            self.halt.wait(self.pulse_s)
+
+
+class ElasticRuntime(Runtime):
+    def __init__(self, cfg: RuntimeConfig, info: DistInfo | None = None, *, member: int | None = None) -> None:
+        if not cfg.elastic:
+            raise ConfigError("ElasticRuntime needs elastic=True", field="elastic")
+        base = info or discover_process()
+        if base.world != 1:
+            raise ConfigError("an elastic job runs one process per member (no srun/torchrun "
+                              "inside a member)", field="elastic")
+        super().__init__(cfg, base)
+        if self.backend != "gloo":
+            raise ConfigError("elastic jobs use gloo (NCCL re-initialisation is not supported yet)",
+                              field="backend")
+        self.member = member_id() if member is None else membership.check_member(member)
+        self.dir = private_dir(os.path.join(cfg.checkpoint_dir, DIR_NAME))
+        self.kv = dist.FileStore(os.path.join(self.dir, "store"), -1)
+        self.kv.set_timeout(datetime.timedelta(seconds=cfg.collective_timeout_s))
+        self.watch = membership.Watch(self.dir)
+        self._pulse = _Pulse(self.dir, self.member, cfg.pulse_s)
+        self._pulse.start()
+        self.gen, self.round = 0, 0
+        self.members: tuple[int, ...] = (self.member,)
+        self.joins_seen = 0
+        self._leave_flags: list[bool] = []
+        self._join_count = 0
+        self._rng_next: dict = {}
+        self._graveyard: list = []          # groups dropped after a failure (kept from the GC)
+        self._rng_bytes = torch.get_rng_state().numel()
+        self.reforms: list[dict] = []         # one record per change: kind, pause and its phases
+        self._phase: dict[str, float] = {}
+        self._t_last = time.perf_counter()    # when the last step was applied
+
+    # ---- setup -------------------------------------------------------------------------
+    def prepare(self, model, optimizer, scheduler=None, *, data) -> Runtime:
+        """Attach the model and data, then found the group (restoring the newest checkpoint)
+        or be admitted into the running one (receiving its state)."""
+        t0 = time.perf_counter()
+        self._attach(model, optimizer, scheduler, data)
+        try:
+            entry = membership.enter(self.kv, self.member, self.watch, dead_s=self.cfg.dead_s,
+                                     wait_s=self.cfg.join_wait_s)
+        except MembershipError as exc:
+            log.error("member %d: %s; exiting to be requeued", self.member, exc)
+            self.stopped = "unadmitted"
+            self._started(t0)
+            return self
+        self.gen, self.joins_seen = entry.gen, entry.joins_seen
+        if entry.founder:
+            restored = self.store.restore(quarantine=True)
+            if restored is not None:
+                self._load(restored.state)
+                log.info("member %d founds generation %d from %s (step %d)", self.member,
+                         entry.gen, restored.path, restored.step)
+            else:
+                log.info("member %d founds generation %d (no checkpoint)", self.member, entry.gen)
+        else:
+            self.step = -1                   # no state until a survivor sends it
+            t1 = time.perf_counter()
+            if not self._settle(entry.round, entry.members):
+                self.stopped = "unadmitted"
+            else:
+                self._record("join", t1)
+        self._started(t0)
+        self._t_last = time.perf_counter()
+        return self
+
+    def _rng_workers(self):
+        return range(self.cfg.logical_workers)
+
+    # ---- the step's extra columns ---------------------------------------------------------
+    def _local_flags(self) -> Flags:
+        stop, force, ckpt, prune, _, _ = super()._local_flags()
+        joins = 0.0
+        if self.info.rank == 0 and self.stopped is None:
+            joins = float(membership.pending_joins(self.kv, self.gen, self.joins_seen))
+        return 0.0, force, ckpt, prune, stop, joins
+
+    def _tail_words(self) -> int:
+        return (self._rng_bytes + 3) // 4
+
+    def _tail(self, worker: int):
+        raw = self.rng[worker]["cpu"].reshape(-1).to(torch.uint8)
+        pad = (-raw.numel()) % 4
+        if pad:
+            raw = torch.cat([raw, raw.new_zeros(pad)])
+        return raw.view(torch.float32)
+
+    def _gathered(self, gathered) -> None:
+        n, m = self.numel, self._buf_words
+        base = n + EXTRA + m
+        self._leave_flags = [bool(g[0, n + LEAVE] > 0) for g in gathered]
+        self._join_count = int(gathered[0][0, n + JOIN])
+        self._rng_next = {}
+        for r, ws in enumerate(self.owned):
+            for i, w in enumerate(ws):
+                raw = gathered[r][i, base:].contiguous().view(torch.uint8)[:self._rng_bytes]
+                self._rng_next[w] = {"cpu": raw.clone()}
+
+    # ---- the collectives -----------------------------------------------------------------
+    def _exchange(self, rows):
+        if self.pg is None:
+            return [rows]
+        out = [torch.empty_like(rows) for _ in range(self.info.world)]
+        return out if self._wait(self.pg.allgather([out], [rows])) else None
+
+    def _wait(self, work) -> bool:
+        """Whether ``work`` succeeded; False (the group aborted) on a failure, a peer whose
+        pulse stood still for ``dead_s``, or ``collective_timeout_s``."""
+        t0 = time.monotonic()
+        nap, look = 0.0002, t0 + self.cfg.pulse_s
+        others = [m for m in self.members if m != self.member]
+        while not work.is_completed():
+            now = time.monotonic()
+            if now >= look:
+                look = now + self.cfg.pulse_s
+                self.watch.observe(others)
+                gone = [m for m in others if self.watch.dead(m, self.cfg.dead_s)]
+                if gone:
+                    log.warning("member(s) %s: no pulse for %.1fs", gone, self.cfg.dead_s)
+                    return self._abort()
+            if now - t0 > self.cfg.collective_timeout_s:
+                log.warning("a collective took over %.0fs", self.cfg.collective_timeout_s)
+                return self._abort()
+            time.sleep(nap)
+            nap = min(nap * 2, 0.005)
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            log.warning("collective failed: %s", str(exc).splitlines()[0][:200])
+            return self._abort()
+        return True
+
+    def _abort(self) -> bool:
+        if self.pg is not None:
+            try:
+                self.pg.abort()
+            except RuntimeError:
+                pass
+            self._graveyard.append(self.pg)
+            self.pg = None
+        return False
+
+    def _broadcast(self, tensor, root: int) -> bool:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        return self._wait(self.pg.broadcast([tensor], opts))
+
+    def _allgather(self, tensor) -> list | None:
+        out = [torch.empty_like(tensor) for _ in range(self.info.world)]
+        return out if self._wait(self.pg.allgather([out], [tensor])) else None
+
+    def _barrier(self) -> None:
+        """Rank 0 alone writes a checkpoint: every rank holds the whole state."""
+
+    def _leave_group(self) -> None:
+        self.pg = None
+        self._graveyard.clear()
+        if self.stopped in (None, "signal", "forced", "pruned"):     # the group ended as a whole
+            membership.close(self.kv, self.gen)
+        self._pulse.halt.set()
+
+    # ---- membership changes ----------------------------------------------------------------
+    def _after_step(self, *, stop: bool, forced: bool, ckpt: bool, prune: bool = False) -> None:
+        if not forced:
+            self._t_last = time.perf_counter()
+            self.rng.update(self._rng_next)
+        if prune and not self._at_end:
+            self.stopped = "pruned"
+            return
+        leavers = [m for m, f in zip(self.members, self._leave_flags) if f]
+        if leavers and len(leavers) == len(self.members):
+            self.stopped = "forced" if forced else "signal"    # the whole group: a checkpoint
+            self.checkpoint()
+            return
+        if ckpt:
+            self.checkpoint()
+        if leavers or self._join_count:
+            self._change(leavers, self._join_count)
+
+    def _change(self, leavers: list[int], joins: int) -> None:
+        if self.member in leavers:
+            log.info("member %d leaves generation %d at step %d", self.member, self.gen, self.step)
+            self.stopped = "left"
+            self._abort()
+            return
+        taken = membership.joiners(self.kv, self.gen, self.joins_seen, joins)
+        self.joins_seen += joins
+        survivors = [m for m in self.members if m not in leavers]
+        admitted, refused, seen = [], [], set(survivors)
+        for n, m in taken:
+            if m < 0 or m in seen:
+                refused.append((n, f"member {m} is already in the group" if m >= 0 else "unreadable"))
+            else:
+                admitted.append((n, m))
+                seen.add(m)
+        members = tuple(survivors + [m for _, m in admitted])
+        rnd = self.round + 1
+        if members[0] == self.member:
+            membership.admit(self.kv, self.gen, rnd, members, admitted, refused)
+        kind = "grow" if admitted and not leavers else "shrink" if leavers and not admitted else "change"
+        if self.pg is not None:
+            self._graveyard.append(self.pg)
+        self.pg = None
+        if self._settle(rnd, members):
+            self._record(kind, self._t_last)
+
+    def _lost(self) -> None:
+        self._phase["detect_s"] = time.perf_counter() - self._t_last
+        self._abort()
+        agreed = self._agree(self.round, self.members)
+        if agreed is not None and self._settle(*agreed):
+            self._record("loss", self._t_last)
+
+    def _agree(self, rnd: int, members: tuple[int, ...]) -> tuple[int, tuple[int, ...]] | None:
+        """After round ``rnd`` failed: the next round and who is in it (None: not this member,
+        or no agreement within the bound, and the fallback taken)."""
+        t0 = time.perf_counter()
+        try:
+            decided = membership.decide(self.kv, self.gen, rnd, members, self.member, self.step,
+                                        self.watch, dead_s=self.cfg.dead_s,
+                                        wait_s=self.cfg.collective_timeout_s + 2 * self.cfg.dead_s)
+            self._phase["agree_s"] = self._phase.get("agree_s", 0.0) + time.perf_counter() - t0
+        except MembershipError as exc:
+            log.error("%s", exc)
+            self._fall_back()
+            return None
+        if self.member not in decided:
+            log.warning("member %d was left out after round %d; exiting to be requeued",
+                        self.member, rnd)
+            self.stopped = "lost"
+            return None
+        members = tuple(m for m in members if m in decided)
+        if members[0] == self.member:
+            membership.admit(self.kv, self.gen, rnd + 1, members, [], [])
+        return rnd + 1, members
+
+    def _settle(self, rnd: int, members: tuple[int, ...]) -> bool:
+        """Build round ``rnd``'s group, check the peers' proofs and bring everyone to the
+        newest state; after a failure, agree again on who is left.  False (and the fallback
+        taken) when that fails ``ATTEMPTS`` times."""
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                agreed = self._agree(rnd, members)
+                if agreed is None:
+                    return False
+                rnd, members = agreed
+            if self._form(rnd, members):
+                self._bury()
+                return True
+        self._fall_back()
+        return False
+
+    def _bury(self) -> None:
+        """The groups of earlier rounds go (their connections closed)."""
+        for pg in self._graveyard:
+            try:
+                pg.abort()
+            except RuntimeError:
+                pass
+        self._graveyard.clear()
+
+    def _form(self, rnd: int, members: tuple[int, ...]) -> bool:
+        rank, world = members.index(self.member), len(members)
+        self.round, self.members = rnd, members
+        self.info = dataclasses.replace(self.info, rank=rank, world=world, nodes=world)
+        self.owned = logical.assign(self.cfg.logical_workers, world, self.cfg.mapping)  # type: ignore[arg-type]
+        self.mine = self.owned[rank]
+        self.where = {w: (r, i) for r, ws in enumerate(self.owned) for i, w in enumerate(ws)}
+        self._retarget_metrics()
+        if world == 1:
+            self.pg = None
+            return self.step >= 0 or self._fall_back_alone()
+        timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
+        t0 = time.perf_counter()
+        try:
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+            self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"g{self.gen}/r{rnd}/pg/", self.kv),
+                                            rank, world, opts)
+        except RuntimeError as exc:
+            log.warning("round %d: the group did not form: %s", rnd, str(exc).splitlines()[0][:200])
+            self.pg = None
+            return False
+        proved = self._prove(rnd)
+        self._phase["form_s"] = self._phase.get("form_s", 0.0) + time.perf_counter() - t0
+        return proved and self._sync(rnd)
+
+    def _prove(self, rnd: int) -> bool:
+        """Every rank shows it read the generation's key (the private store's) over the data
+        plane: a process that took a rank's place without it is refused."""
+        key = membership.secret(self.kv, self.gen)
+        token = [hmac.new(key, f"peer:{self.gen}:{rnd}:{r}".encode(), hashlib.sha256).digest()
+                 for r in range(self.info.world)]
+        rows = self._allgather(torch.tensor(list(token[self.info.rank]), dtype=torch.uint8))
+        if rows is None:
+            return False
+        for r, row in enumerate(rows):
+            if bytes(row.tolist()) != token[r]:
+                log.error("round %d: the process at rank %d does not know the group's key", rnd, r)
+                self._abort()
+                return False
+        return True
+
+    def _sync(self, rnd: int) -> bool:
+        steps = self._allgather(torch.tensor([self.step], dtype=torch.long))
+        if steps is None:
+            return False
+        held = [int(s) for s in steps]
+        top = max(held)
+        if top < 0:
+            log.error("round %d: no member holds the training state", rnd)
+            self._abort()
+            return False
+        if all(s == top for s in held):
+            return True
+        src = held.index(top)
+        key = f"g{self.gen}/r{rnd}/sha"
+        t0 = time.perf_counter()
+        if self.info.rank == src:
+            blob = wire.encode({k: v for k, v in self.state().items() if k != "extra"})
+            self.kv.set(key, wire.digest(blob))
+            size = torch.tensor([blob.numel()], dtype=torch.long)
+        else:
+            size = torch.tensor([0], dtype=torch.long)
+        if not self._broadcast(size, src):
+            return False
+        if self.info.rank != src:
+            blob = torch.empty(int(size), dtype=torch.uint8)
+        if not self._broadcast(blob, src):
+            return False
+        if self.info.rank != src:
+            want = self.kv.get(key).decode()
+            if wire.digest(blob) != want:
+                log.error("round %d: the state received does not match its digest", rnd)
+                self._abort()
+                return False
+            self._load(wire.decode(blob))
+        self._phase["transfer_s"] = time.perf_counter() - t0
+        return True
+
+    def _fall_back(self) -> None:
+        """Re-forming failed: the newest state this process holds goes to a checkpoint (the
+        store keeps the newest step), and it exits to be requeued: today's path."""
+        self.pg = None
+        if self.step >= 0 and self.stopped is None:
+            self._save_alone()
+        if self.stopped is None:
+            self.stopped = "lost"
+
+    def _fall_back_alone(self) -> bool:
+        log.error("member %d is alone and holds no state", self.member)
+        self.stopped = "lost"
+        return False
+
+    def _save_alone(self) -> None:
+        saved = self.store.save(self.step, self.state())
+        log.warning("fallback: checkpoint of step %d written (%d bytes)", self.step, saved.bytes)
+        self._saved_step = self.step
+
+    def _retarget_metrics(self) -> None:
+        lead = self.info.rank == 0
+        if lead != (self.metrics.path is not None):
+            self.metrics.close()
+            base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
+                        node=self.info.node, restart=self.info.restart, member=self.member)
+            self.metrics = MetricsWriter(self.cfg.metrics_path if lead else None, base=base,
+                                         min_interval_s=self.cfg.report_s)
+
+    def _record(self, kind: str, since: float) -> None:
+        """One change done: its pause (from ``since``: the last applied step, or a joiner's
+        admission) and phases go to the log, :attr:`reforms` and the metrics."""
+        rec = {"kind": kind, "generation": self.gen, "round": self.round, "members": list(self.members),
+               "at_step": self.step, "pause_s": round(time.perf_counter() - since, 4),
+               **{k: round(v, 4) for k, v in self._phase.items()}}
+        self._phase = {}
+        self.reforms.append(rec)
+        log.info("generation %d round %d (%s): members %s at step %d, pause %.3fs", self.gen,
+                 self.round, kind, list(self.members), self.step, rec["pause_s"])
+        self.metrics.record("reform", step=max(self.step, 0), samples=max(self.samples, 0), step_s=0.0,
+                            **{k: v for k, v in rec.items() if k != "at_step"})
