@@ -296,9 +296,11 @@ class ElasticRuntime(Runtime):
                 admitted.append((n, m))
                 seen.add(m)
         members = tuple(survivors + [m for _, m in admitted])
-        rnd = self.round + 1
+        rnd = self.round + (members != self.members)
         if members[0] == self.member:
-            membership.admit(self.kv, self.gen, rnd, members, admitted, refused)
+            membership.admit(self.kv, self.gen, rnd, members, admitted, refused, self.joins_seen)
+        if members == self.members:          # only refusals to answer
+            return
         kind = "grow" if admitted and not leavers else "shrink" if leavers and not admitted else "change"
         if self.pg is not None:
             self._graveyard.append(self.pg)
@@ -333,7 +335,7 @@ class ElasticRuntime(Runtime):
             return None
         members = tuple(m for m in members if m in decided)
         if members[0] == self.member:
-            membership.admit(self.kv, self.gen, rnd + 1, members, [], [])
+            membership.admit(self.kv, self.gen, rnd + 1, members, [], [], self.joins_seen)
         return rnd + 1, members
 
     def _settle(self, rnd: int, members: tuple[int, ...]) -> bool:

@@ -18,7 +18,8 @@ member; ``r`` a *round*: one membership within a generation):
 ``g<g>/secret``             the generation's key (the peers prove they know it, :mod:`.elastic`)
 ``g<g>/members``            JSON list: the current round's members, rank order
 ``g<g>/joins``              counter of join requests; ``g<g>/join/<n>`` the n-th one's member
-``g<g>/admit/<n>``          JSON ``{"round": r, "members": [...]}``: join n is in round r
+``g<g>/admit/<n>``          JSON ``{"round": r, "members": [...], "seen": k}``: join n is in
+                            round r, and the group has answered the first k requests
 ``g<g>/r<r>/alive/<m>``     after a failed collective in round r: member m is alive at step s
 ``g<g>/r<r>/decided``       JSON ``{member: step}``: who goes on (the first proposal wins)
 ==========================  ==================================================================
@@ -222,11 +223,11 @@ def _admission(text: str, member: int, gen: int, n: int) -> Entry:
         raise MembershipError(f"elastic store: admission {n} is not an object")
     if "refused" in value:
         raise MembershipError(f"member {member} was refused: {str(value['refused'])[:200]}")
-    rnd = value.get("round")
+    rnd, seen = value.get("round"), value.get("seen")
     members = _members(json.dumps(value.get("members")), f"admission {n}'s members")
-    if type(rnd) is not int or rnd < 1 or member not in members:
+    if type(rnd) is not int or rnd < 1 or member not in members or type(seen) is not int or seen < n:
         raise MembershipError(f"elastic store: admission {n} does not admit member {member}")
-    return Entry(gen, rnd, members, False, n)
+    return Entry(gen, rnd, members, False, seen)
 
 
 # ---- the group's side --------------------------------------------------------------------
@@ -259,11 +260,12 @@ def secret(store: Store, gen: int) -> bytes:
 
 
 def admit(store: Store, gen: int, rnd: int, members: tuple[int, ...],
-          admitted: list[tuple[int, int]], refused: list[tuple[int, str]]) -> None:
-    """Rank 0 of round ``rnd`` answers the join requests it took in."""
+          admitted: list[tuple[int, int]], refused: list[tuple[int, str]], seen: int) -> None:
+    """Rank 0 of round ``rnd`` answers the join requests it took in (``seen``: how many
+    requests the group has answered now; an admitted member counts on from there)."""
     store.set(f"g{gen}/members", json.dumps(list(members)))
     for n, _ in admitted:
-        store.set(f"g{gen}/admit/{n}", json.dumps({"round": rnd, "members": list(members)}))
+        store.set(f"g{gen}/admit/{n}", json.dumps({"round": rnd, "members": list(members), "seen": seen}))
     for n, why in refused:
         store.set(f"g{gen}/admit/{n}", json.dumps({"refused": why}))
 

@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="sleep after each step (tests use it to land signals mid-run)")
     p.add_argument("--width", type=int, default=8)
     p.add_argument("--samples", type=int, default=1024)
+    p.add_argument("--report-s", type=float, default=0.5,
+                   help="at most one progress record per this many seconds (0: every step)")
     p.add_argument("--elastic", action="store_true",
                    help="run as one member of an elastic job (MALLETRAIN_MEMBER names it)")
     args = p.parse_args(argv)
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RuntimeConfig.from_env(checkpoint_dir=args.dir, logical_workers=args.workers,
                                  micro_batch=args.micro_batch, mode=args.mode, seed=args.seed,
                                  checkpoint_every_steps=args.every, checkpoint_every_s=0.0,
-                                 mapping=mapping, keep=3, elastic=args.elastic)
+                                 mapping=mapping, keep=3, elastic=args.elastic,
+                                 report_s=args.report_s)
     rt = Runtime(cfg)
     torch.manual_seed(args.seed)   # same initial parameters everywhere (rank 0's are broadcast too)
     model = make_model(args.width)

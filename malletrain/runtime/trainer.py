@@ -568,8 +568,9 @@ class Runtime:
         pruned = self.stopped == "pruned"
         if since is not None:
             verdict = "within" if since <= self.cfg.grace_s else "OVER"
-            log.warning("stop: %s -> checkpoint of step %d and exit %.2fs after the signal "
-                        "(%s the %.0fs grace time)", self.stop.name(), self.step, since, verdict,
+            done = "left the group at" if self.stopped in ("left", "lost", "unadmitted") else "checkpoint of"
+            log.warning("stop: %s -> %s step %d and exit %.2fs after the signal "
+                        "(%s the %.0fs grace time)", self.stop.name(), done, self.step, since, verdict,
                         self.cfg.grace_s)
             self.timings["signal_to_exit_s"] = since
         self.metrics.record("exit", step=self.step, samples=self.samples, step_s=0.0,
