@@ -15,7 +15,9 @@ records around the event), and checks that both runs end bitwise on an uninterru
 parameters.
 
 ``python -m devtools.elastic_drill chaos --events 1000 --seed 1`` draws seeded random events
-(leave, join, kill -9) as fast as the group takes them, keeping 1 to 4 members, and checks
+(leave, join, kill -9, and freeze: SIGSTOP, a hung node whose process
+keeps its life lock, so only its pulse tells, then SIGKILL once the group went on without it)
+as fast as the group takes them, keeping 1 to 4 members, and checks
 that no event hangs the job (progress within ``--hang-s`` of each event) and that the final
 parameters are bitwise those of the uninterrupted run: no step lost or applied twice.
 
@@ -236,6 +238,16 @@ def _wait_members(job: Elastic, want: int, timeout_s: float = 120.0) -> None:
     raise TimeoutError(f"the group did not reach {want} members within {timeout_s:.0f}s")
 
 
+def _wait_admitted(job: Elastic, member: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        recs = job.reforms()
+        if recs and member in recs[-1]["members"] or member not in job.running():
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"member {member} was not admitted within {timeout_s:.0f}s (a hang)")
+
+
 def run_restart(work: str, cycles: int, timeout_s: float, every: int) -> dict:
     """Today's path: every change stops all processes and starts the new count."""
     from malletrain.runtime.selfcheck import spawn_ranks
@@ -379,24 +391,39 @@ def chaos(args) -> int:
     job = Elastic(work, ENDLESS, args.timeout_s)
     job.start()
     prog = job.progress
-    counts = {"leave": 0, "join": 0, "kill": 0}
+    counts = {"leave": 0, "join": 0, "kill": 0, "freeze": 0}
     t0 = time.monotonic()
     try:
         prog.wait_beyond(-1, 120, lambda: bool(job.running()))
         for i in range(args.events):
-            members = job.running()
+            running = job.running()
+            recs = job.reforms()
+            admitted = [m for m in (recs[-1]["members"] if recs else running[:1]) if m in running]
             choices = []
-            if len(members) < 4:
+            if len(running) < 4:
                 choices += ["join"] * 2
-            if len(members) > 1:
-                choices += ["leave", "kill"]
+            if len(admitted) > 1:
+                choices += ["leave", "kill", "leave", "kill", "freeze"]
+            elif len(running) > len(admitted):
+                choices += ["kill"]          # a joiner still preparing or waiting to be admitted
             kind = rng.choice(choices)
             before = prog.poll()
             if kind == "join":
-                job.start()
+                m = job.start()
+                if rng.random() < 0.7:       # most joiners get in; the others race the next events
+                    _wait_admitted(job, m, args.hang_s)
             else:
-                victim = rng.choice(members)
-                job.signal(victim, signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+                # SIGTERM only to members that joined (the runtime's handler is installed);
+                # SIGKILL to anyone but the last member that holds the state
+                pool = admitted if kind in ("leave", "freeze") else [
+                    m for m in running if m not in admitted or len(admitted) > 1]
+                victim = rng.choice(pool)
+                if kind == "freeze":        # a hung node: the process holds its lock, its pulse stops
+                    job.signal(victim, signal.SIGSTOP)
+                    prog.wait_beyond(before + 2, args.hang_s, lambda: bool(job.running()))
+                    job.signal(victim, signal.SIGKILL)
+                else:
+                    job.signal(victim, signal.SIGKILL if kind == "kill" else signal.SIGTERM)
                 rc = job.wait_gone(victim)
                 if kind == "leave" and rc != 3:
                     raise RuntimeError(f"event {i}: member {victim} left with status {rc}")

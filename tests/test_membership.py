@@ -5,11 +5,14 @@ one): ``compare_set`` sets when the key is missing and ``expected`` is empty or 
 equals ``expected``, and returns the value the key holds afterwards.
 """
 import json
+import os
 
 import pytest
 
 from malletrain.runtime import membership as ms
 from malletrain.runtime.membership import MembershipError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class DictStore:
@@ -242,3 +245,47 @@ def test_pulse_files_round_trip(tmp_path):
     assert ms.read_pulse(str(tmp_path), 3) == 41
     (tmp_path / "pulse" / "4").write_text("garbage")
     assert ms.read_pulse(str(tmp_path), 4) is None
+
+
+def test_a_life_lock_runs_a_member_id_once_and_frees_the_moment_its_process_dies(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "life").mkdir()
+    d = str(tmp_path)
+    assert not ms.gone(d, 4)                        # never started: not known to be gone
+    holder = subprocess.Popen([sys.executable, "-c", (
+        f"import sys, time; sys.path.insert(0, {ROOT!r})\n"
+        "from malletrain.runtime import membership as ms\n"
+        f"fd = ms.hold_life({d!r}, 4); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert not ms.gone(d, 4)
+        with pytest.raises(MembershipError, match="running already"):
+            ms.hold_life(d, 4, tries=2)
+    finally:
+        holder.kill()                               # SIGKILL: no chance to clean up
+        holder.wait()
+    assert ms.gone(d, 4)
+    fd = ms.hold_life(d, 4)                         # the id can run again
+    os.close(fd)
+
+
+def test_a_watch_knows_a_member_with_a_free_life_lock_is_dead_at_once():
+    clock = Clock()
+    w = ms.Watch("unused", clock=clock, read=lambda _d, m: 1, gone=lambda _d, m: m == 2)
+    w.observe([1, 2])
+    assert w.dead(2, 1.0) and not w.dead(1, 1.0)
+
+
+def test_rank_0s_offer_refuses_a_joiner_that_is_gone_and_every_rank_reads_the_same_answer():
+    store = DictStore()
+    ms.claim(store, 0, 0, "")
+    for n, m in ((1, 5), (2, 6)):
+        store.add("g1/joins", 1)
+        store.set(f"g1/join/{n}", str(m))
+    ms.offer(store, 1, 0, 2, is_gone=lambda m: m == 6)
+    assert ms.offered(store, 1, 0, 2) == [(1, 5, True), (2, 6, False)]
+    store.set("g1/offer/0/2", '[[1, 5, "yes"]]')
+    with pytest.raises(MembershipError, match="malformed"):
+        ms.offered(store, 1, 0, 2)

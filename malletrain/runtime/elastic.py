@@ -48,7 +48,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from malletrain.domain.errors import ConfigError, InputError
+from malletrain.domain.errors import ConfigError, InputError, MalletrainError
 from malletrain.runtime import logical, membership, wire
 from malletrain.runtime.config import RuntimeConfig
 from malletrain.runtime.launch import DistInfo, discover_process
@@ -78,7 +78,8 @@ def private_dir(path: str) -> str:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise InputError("the elastic store's directory must be a private directory of yours "
                          "(mode 0700, not a link)", path=path)
-    os.makedirs(os.path.join(path, "pulse"), mode=0o700, exist_ok=True)
+    for sub in ("pulse", "life"):
+        os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
     return path
 
 
@@ -115,6 +116,10 @@ class ElasticRuntime(Runtime):
                               field="backend")
         self.member = member_id() if member is None else membership.check_member(member)
         self.dir = private_dir(os.path.join(cfg.checkpoint_dir, DIR_NAME))
+        try:
+            self._life = membership.hold_life(self.dir, self.member)
+        except MembershipError as exc:
+            raise InputError(str(exc), path=self.dir) from None
         self.kv = dist.FileStore(os.path.join(self.dir, "store"), -1)
         self.kv.set_timeout(datetime.timedelta(seconds=cfg.collective_timeout_s))
         self.watch = membership.Watch(self.dir)
@@ -126,7 +131,7 @@ class ElasticRuntime(Runtime):
         self._leave_flags: list[bool] = []
         self._join_count = 0
         self._rng_next: dict = {}
-        self._graveyard: list = []          # groups dropped after a failure (kept from the GC)
+        self._graveyard: list = []          # (group, its operation in flight) of earlier rounds
         self._rng_bytes = torch.get_rng_state().numel()
         self.reforms: list[dict] = []         # one record per change: kind, pause and its phases
         self._phase: dict[str, float] = {}
@@ -174,7 +179,11 @@ class ElasticRuntime(Runtime):
         stop, force, ckpt, prune, _, _ = super()._local_flags()
         joins = 0.0
         if self.info.rank == 0 and self.stopped is None:
-            joins = float(membership.pending_joins(self.kv, self.gen, self.joins_seen))
+            k = membership.pending_joins(self.kv, self.gen, self.joins_seen)
+            if k:
+                membership.offer(self.kv, self.gen, self.joins_seen, k,
+                                 lambda m: membership.gone(self.dir, m))
+            joins = float(k)
         return 0.0, force, ckpt, prune, stop, joins
 
     def _tail_words(self) -> int:
@@ -218,11 +227,12 @@ class ElasticRuntime(Runtime):
                 self.watch.observe(others)
                 gone = [m for m in others if self.watch.dead(m, self.cfg.dead_s)]
                 if gone:
-                    log.warning("member(s) %s: no pulse for %.1fs", gone, self.cfg.dead_s)
-                    return self._abort()
+                    log.warning("member(s) %s gone (life lock free, or no pulse for %.1fs)",
+                                gone, self.cfg.dead_s)
+                    return self._abort(work)
             if now - t0 > self.cfg.collective_timeout_s:
                 log.warning("a collective took over %.0fs", self.cfg.collective_timeout_s)
-                return self._abort()
+                return self._abort(work)
             time.sleep(nap)
             nap = min(nap * 2, 0.005)
         try:
@@ -232,13 +242,12 @@ class ElasticRuntime(Runtime):
             return self._abort()
         return True
 
-    def _abort(self) -> bool:
+    def _abort(self, work=None) -> bool:
+        """Drop the current group.  It is not aborted: gloo's abort waits for an operation in
+        flight, which a frozen peer holds up to the collective timeout; the group is kept until
+        that operation ended and then released (:meth:`_bury`)."""
         if self.pg is not None:
-            try:
-                self.pg.abort()
-            except RuntimeError:
-                pass
-            self._graveyard.append(self.pg)
+            self._graveyard.append((self.pg, work))
             self.pg = None
         return False
 
@@ -260,6 +269,7 @@ class ElasticRuntime(Runtime):
         if self.stopped in (None, "signal", "forced", "pruned"):     # the group ended as a whole
             membership.close(self.kv, self.gen)
         self._pulse.halt.set()
+        os.close(self._life)
 
     # ---- membership changes ----------------------------------------------------------------
     def _after_step(self, *, stop: bool, forced: bool, ckpt: bool, prune: bool = False) -> None:
@@ -285,13 +295,18 @@ class ElasticRuntime(Runtime):
             self.stopped = "left"
             self._abort()
             return
-        taken = membership.joiners(self.kv, self.gen, self.joins_seen, joins)
+        try:
+            taken = membership.offered(self.kv, self.gen, self.joins_seen, joins) if joins else []
+        except MembershipError as exc:
+            log.error("%s", exc)
+            self._fall_back()
+            return
         self.joins_seen += joins
         survivors = [m for m in self.members if m not in leavers]
         admitted, refused, seen = [], [], set(survivors)
-        for n, m in taken:
-            if m < 0 or m in seen:
-                refused.append((n, f"member {m} is already in the group" if m >= 0 else "unreadable"))
+        for n, m, ok in taken:
+            if not ok or m in seen:
+                refused.append((n, f"member {m} is already in the group" if ok else "gone or unreadable"))
             else:
                 admitted.append((n, m))
                 seen.add(m)
@@ -302,9 +317,7 @@ class ElasticRuntime(Runtime):
         if members == self.members:          # only refusals to answer
             return
         kind = "grow" if admitted and not leavers else "shrink" if leavers and not admitted else "change"
-        if self.pg is not None:
-            self._graveyard.append(self.pg)
-        self.pg = None
+        self._abort()
         if self._settle(rnd, members):
             self._record(kind, self._t_last)
 
@@ -355,13 +368,9 @@ class ElasticRuntime(Runtime):
         return False
 
     def _bury(self) -> None:
-        """The groups of earlier rounds go (their connections closed)."""
-        for pg in self._graveyard:
-            try:
-                pg.abort()
-            except RuntimeError:
-                pass
-        self._graveyard.clear()
+        """Release the groups of earlier rounds whose last operation has ended."""
+        self._graveyard = [(pg, work) for pg, work in self._graveyard
+                           if work is not None and not work.is_completed()]
 
     def _form(self, rnd: int, members: tuple[int, ...]) -> bool:
         rank, world = members.index(self.member), len(members)
@@ -386,9 +395,14 @@ class ElasticRuntime(Runtime):
             log.warning("round %d: the group did not form: %s", rnd, str(exc).splitlines()[0][:200])
             self.pg = None
             return False
-        proved = self._prove(rnd)
-        self._phase["form_s"] = self._phase.get("form_s", 0.0) + time.perf_counter() - t0
-        return proved and self._sync(rnd)
+        try:
+            proved = self._prove(rnd)
+            self._phase["form_s"] = self._phase.get("form_s", 0.0) + time.perf_counter() - t0
+            return proved and self._sync(rnd)
+        except (MalletrainError, RuntimeError) as exc:   # a malformed value, a store timeout
+            log.warning("round %d: %s", rnd, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            self._abort()
+            return False
 
     def _prove(self, rnd: int) -> bool:
         """Every rank shows it read the generation's key (the private store's) over the data

@@ -18,11 +18,17 @@ member; ``r`` a *round*: one membership within a generation):
 ``g<g>/secret``             the generation's key (the peers prove they know it, :mod:`.elastic`)
 ``g<g>/members``            JSON list: the current round's members, rank order
 ``g<g>/joins``              counter of join requests; ``g<g>/join/<n>`` the n-th one's member
+``g<g>/offer/<k>/<c>``      rank 0's answer to the ``c`` requests after the first ``k``: which it
+                            takes in (JSON ``[[n, member, ok], ...]``)
 ``g<g>/admit/<n>``          JSON ``{"round": r, "members": [...], "seen": k}``: join n is in
                             round r, and the group has answered the first k requests
 ``g<g>/r<r>/alive/<m>``     after a failed collective in round r: member m is alive at step s
 ``g<g>/r<r>/decided``       JSON ``{member: step}``: who goes on (the first proposal wins)
 ==========================  ==================================================================
+
+Life locks: each member's process holds ``life/<member>`` locked (``flock``) for as long as it
+lives; the kernel drops the lock when the process dies, ``kill -9`` included, so a free lock
+means that member is gone at once.  It also keeps a member id from running twice.
 
 Pulses: each member's process rewrites ``pulse/<member>`` (a counter) every ``pulse_s`` from a
 thread of its own, whatever its training does.  A member whose counter did not move for
@@ -38,6 +44,7 @@ members not in it (late, or judged dead) leave.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -111,13 +118,51 @@ def read_pulse(directory: str, member: int) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+def life_path(directory: str, member: int) -> str:
+    return os.path.join(directory, "life", str(check_member(member)))
+
+
+def hold_life(directory: str, member: int, tries: int = 20) -> int:
+    """Take member ``member``'s life lock for as long as this process lives (the descriptor is
+    returned and must stay open): the kernel drops it the moment the process dies, ``kill -9``
+    included.  Refused while another live process holds it: a member id runs once."""
+    fd = os.open(life_path(directory, member), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    for _ in range(tries):          # an observer's probe holds it for a moment
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.01)
+    os.close(fd)
+    raise MembershipError(f"member {member} is running already (its life lock is held)")
+
+
+def gone(directory: str, member: int) -> bool:
+    """Whether ``member``'s process is known to be gone: its life lock exists and is free.  A
+    process that died releases it at once; a node that died may not (a network filesystem keeps
+    the lock until its lease runs out), so the pulse covers that case."""
+    try:
+        fd = os.open(life_path(directory, member), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)                # closing releases a lock this probe took
+    return True
+
+
 class Watch:
-    """Which members' pulses moved lately, as one observer sees them (no clocks compared
-    across nodes: only whether a counter changed between two reads of this process)."""
+    """Which members are gone, as one observer sees them: a free life lock (the process died),
+    or a pulse that did not move for ``dead_s`` (no clocks compared across nodes: only whether
+    a counter changed between two reads of this process)."""
 
     def __init__(self, directory: str, clock: Callable[[], float] = time.monotonic,
-                 read: Callable[[str, int], int | None] = read_pulse) -> None:
-        self.directory, self.clock, self.read = directory, clock, read
+                 read: Callable[[str, int], int | None] = read_pulse,
+                 gone: Callable[[str, int], bool] = gone) -> None:
+        self.directory, self.clock, self.read, self.gone = directory, clock, read, gone
         self._seen: dict[int, tuple[int | None, float]] = {}
 
     def observe(self, members: Iterable[int]) -> None:
@@ -129,9 +174,12 @@ class Watch:
                 self._seen[m] = (value, now)
 
     def dead(self, member: int, dead_s: float) -> bool:
-        """No change of ``member``'s pulse for ``dead_s`` since this watch first looked."""
+        """``member``'s life lock is free, or its pulse did not change for ``dead_s`` since
+        this watch first looked."""
         last = self._seen.get(member)
-        return last is not None and self.clock() - last[1] >= dead_s
+        if last is not None and self.clock() - last[1] >= dead_s:
+            return True
+        return self.gone(self.directory, member)
 
     def any_alive(self, members: Iterable[int], dead_s: float) -> bool:
         return any(not self.dead(m, dead_s) for m in members)
@@ -249,6 +297,27 @@ def joiners(store: Store, gen: int, seen: int, count: int) -> list[tuple[int, in
         text = _get(store, f"g{gen}/join/{n}") or ""
         out.append((n, int(text) if text.isdigit() and int(text) < MEMBER_MAX else -1))
     return out
+
+
+def offer(store: Store, gen: int, seen: int, count: int, is_gone: Callable[[int], bool]) -> None:
+    """Rank 0, before the step that carries ``count`` joins: which of them the group takes in
+    (a joiner whose process is gone already is refused, so the next group does not wait for
+    it).  Every rank reads this one answer (:func:`offered`)."""
+    answer = [[n, m, m >= 0 and not is_gone(m)] for n, m in joiners(store, gen, seen, count)]
+    store.set(f"g{gen}/offer/{seen}/{count}", json.dumps(answer))
+
+
+def offered(store: Store, gen: int, seen: int, count: int) -> list[tuple[int, int, bool]]:
+    text = _get(store, f"g{gen}/offer/{seen}/{count}")
+    try:
+        value = json.loads(text or "")
+    except ValueError:
+        raise MembershipError(f"elastic store: the offer after request {seen} is not JSON") from None
+    if not isinstance(value, list) or len(value) != count or not all(
+            isinstance(e, list) and len(e) == 3 and type(e[0]) is int and type(e[1]) is int
+            and type(e[2]) is bool for e in value):
+        raise MembershipError(f"elastic store: the offer after request {seen} is malformed")
+    return [(n, m, ok) for n, m, ok in value]
 
 
 def secret(store: Store, gen: int) -> bytes:
