@@ -4,6 +4,6 @@
 ``../shared/data`` or the examples), ``python -m devtools example`` (rebuild
 ``examples/`` from the public data), ``python -m devtools.demo_live`` (the live
 demo driver), ``python -m devtools.synthjob`` (a synthetic malleable job for
-the scheduling tests and the demo) and ``python -m devtools.reform_probe`` (issue #26's
-feasibility probe: the pause of re-forming a gloo process group in place).
+the scheduling tests and the demo) and ``python -m devtools.elastic_drill`` (issue #26: an
+elastic job's pauses against today's restart, and the seeded chaos run).
 """

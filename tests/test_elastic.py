@@ -70,7 +70,8 @@ def test_a_state_crosses_the_wire_exactly_and_deterministically():
     assert isinstance(next(iter(wire.decode(blob)["rng"])), int)       # int keys stay ints
 
 
-@pytest.mark.parametrize("damage", ["truncate", "header", "bounds", "dtype", "pickle", "huge"])
+@pytest.mark.parametrize("damage", ["truncate", "header", "bounds", "dtype", "dtype-list", "overlap",
+                                    "trailing", "pickle", "huge"])
 def test_damaged_state_bytes_are_refused(damage):
     from malletrain.runtime import wire
     blob = wire.encode({"w": torch.arange(6.0)})
@@ -81,9 +82,16 @@ def test_damaged_state_bytes_are_refused(damage):
         raw = raw[:-3]
     elif damage == "header":
         raw[8] = ord("!")
-    elif damage in ("bounds", "dtype"):
-        new = head.replace('"float32",[6],0,24', '"float32",[6],0,2400' if damage == "bounds" else '"object",[6],0,24')
-        raw = bytearray(len(new).to_bytes(8, "little")) + new.encode() + raw[8 + hlen:]
+    elif damage in ("bounds", "dtype", "dtype-list", "overlap", "trailing"):
+        new = head.replace('"float32",[6],0,24', {
+            "bounds": '"float32",[6],0,2400', "dtype": '"object",[6],0,24',
+            "dtype-list": '["float32"],[6],0,24',
+            # two tensors on one span: an allocation the body does not pay for
+            "overlap": '"float32",[6],0,24],["float32",[6],0,24'}.get(damage, '"float32",[6],0,24'))
+        if damage == "overlap":
+            new = new.replace('"tree":{"dict":[["w",{"t":0}]]}', '"tree":{"dict":[["w",{"t":0}],["v",{"t":1}]]}')
+        body = raw[8 + hlen:] + (b"\0\0\0\0" if damage == "trailing" else b"")
+        raw = bytearray(len(new).to_bytes(8, "little")) + new.encode() + body
     elif damage == "pickle":
         buf = io.BytesIO()
         torch.save({"w": 1}, buf)
@@ -174,7 +182,8 @@ def test_a_group_that_cannot_re_form_falls_back_to_a_checkpoint_and_a_requeue(tm
         rt.train_step(loss_fn)
     tries = []
     monkeypatch.setattr(ElasticRuntime, "_form", lambda self, rnd, members: tries.append(rnd) or False)
-    monkeypatch.setattr(membership, "decide", lambda *a, **k: {0: 5})
+    monkeypatch.setattr(membership, "decide", lambda store, ns, rnd, *a, **k: membership.Transition(
+        rnd + 1, (0,), 0, (), ()))
     assert rt._settle(1, (0,)) is False
     assert len(tries) == ATTEMPTS
     assert rt.stopped == "lost"
@@ -234,3 +243,32 @@ def test_settings_an_elastic_job_cannot_honour_are_refused(kw, field):
     with pytest.raises(ConfigError) as err:
         RuntimeConfig(checkpoint_dir="x", elastic=True, **kw)
     assert err.value.field == field
+
+
+def test_a_superseded_generation_stops_without_a_checkpoint(tmp_path):
+    """Another member took the generation over (it judged this group dead): this group's
+    rank 0 sees it at the next boundary, every member leaves, and nothing is written that
+    would compete with the newer group's checkpoints."""
+    from malletrain.runtime import membership
+    from malletrain.runtime.checkpoint import CheckpointStore
+    from malletrain.runtime.reference import loss_fn
+    rt, model, opt, sched, data = _runtime(tmp_path, checkpoint_every_steps=2)
+    rt.prepare(model, opt, sched, data=data)
+    for _ in range(3):
+        rt.train_step(loss_fn)
+    assert CheckpointStore(str(tmp_path / "ck")).steps() == [2]
+    gen, ns, text = membership.current_gen(rt.kv)
+    assert membership.claim(rt.kv, 5, gen, text) is not None
+    for _ in rt.steps(10):
+        rt.train_step(loss_fn)
+    assert rt.stopped == "lost" and rt.step == 4
+    assert rt.close() == 3
+    assert CheckpointStore(str(tmp_path / "ck")).steps() == [2]
+
+
+def test_a_checkpoint_directory_others_may_write_is_refused(tmp_path):
+    from malletrain.domain.errors import InputError
+    (tmp_path / "ck").mkdir()
+    os.chmod(tmp_path / "ck", 0o775)
+    with pytest.raises(InputError, match="writable by no one else"):
+        _runtime(tmp_path)

@@ -4,7 +4,9 @@ Public API: :class:`Runtime`, :class:`RuntimeConfig`, :func:`discover` and
 :class:`CheckpointStore`.  Needs the ``train`` extra (torch); everything is
 imported lazily so that the daemon never pays for torch.  ``python -m
 malletrain.runtime.torchrun`` is what ``submit --launch torchrun`` runs on each node
-(:mod:`malletrain.runtime.torchrun`).
+(:mod:`malletrain.runtime.torchrun`).  ``RuntimeConfig(elastic=True)`` makes ``Runtime`` an
+elastic job's member (:mod:`malletrain.runtime.elastic`): members leave and join at step
+boundaries without restarting the others.
 
 The room imports ``domain``, and ``campaign`` only for a campaign trial's reports to its
 study (:class:`malletrain.campaign.trial.Reporter`, found through ``MALLETRAIN_TRIAL`` on the

@@ -59,6 +59,7 @@ from malletrain.runtime.trainer import EXTRA, JOIN, LEAVE, Flags, Runtime
 log = logging.getLogger("malletrain.runtime")
 DIR_NAME = ".elastic"
 ATTEMPTS = 3          # re-forming tries after a failure before falling back to a checkpoint
+TAKEOVER = 10         # a generation is taken over after its pulses stood still this many dead_s
 
 
 def member_id(env=None) -> int:
@@ -68,6 +69,17 @@ def member_id(env=None) -> int:
         raise InputError("an elastic job needs its member id: MALLETRAIN_MEMBER or "
                          "SLURM_ARRAY_TASK_ID (an integer)")
     return membership.check_member(int(raw))
+
+
+def _not_writable_by_others(path: str) -> None:
+    """The checkpoint directory holds the elastic store's directory: whoever may write it could
+    swap that directory for one of their own.  Refused unless it is the caller's and no one
+    else may write it."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise InputError("an elastic job's checkpoint directory must be yours and writable by "
+                         "no one else (its store is the job's rendezvous)", path=path)
 
 
 def private_dir(path: str) -> str:
@@ -115,6 +127,7 @@ class ElasticRuntime(Runtime):
             raise ConfigError("elastic jobs use gloo (NCCL re-initialisation is not supported yet)",
                               field="backend")
         self.member = member_id() if member is None else membership.check_member(member)
+        _not_writable_by_others(cfg.checkpoint_dir)
         self.dir = private_dir(os.path.join(cfg.checkpoint_dir, DIR_NAME))
         try:
             self._life = membership.hold_life(self.dir, self.member)
@@ -125,7 +138,7 @@ class ElasticRuntime(Runtime):
         self.watch = membership.Watch(self.dir)
         self._pulse = _Pulse(self.dir, self.member, cfg.pulse_s)
         self._pulse.start()
-        self.gen, self.round = 0, 0
+        self.gen, self.ns, self.round = 0, "", 0
         self.members: tuple[int, ...] = (self.member,)
         self.joins_seen = 0
         self._leave_flags: list[bool] = []
@@ -136,6 +149,8 @@ class ElasticRuntime(Runtime):
         self.reforms: list[dict] = []         # one record per change: kind, pause and its phases
         self._phase: dict[str, float] = {}
         self._t_last = time.perf_counter()    # when the last step was applied
+        self._gap_since: float | None = None  # a join request drawn but not written, since when
+        self._superseded = False
 
     # ---- setup -------------------------------------------------------------------------
     def prepare(self, model, optimizer, scheduler=None, *, data) -> Runtime:
@@ -145,13 +160,13 @@ class ElasticRuntime(Runtime):
         self._attach(model, optimizer, scheduler, data)
         try:
             entry = membership.enter(self.kv, self.member, self.watch, dead_s=self.cfg.dead_s,
-                                     wait_s=self.cfg.join_wait_s)
-        except MembershipError as exc:
+                                     takeover_s=TAKEOVER * self.cfg.dead_s, wait_s=self.cfg.join_wait_s)
+        except (MalletrainError, RuntimeError) as exc:     # not admitted in time; a store error
             log.error("member %d: %s; exiting to be requeued", self.member, exc)
             self.stopped = "unadmitted"
             self._started(t0)
             return self
-        self.gen, self.joins_seen = entry.gen, entry.joins_seen
+        self.gen, self.ns, self.joins_seen = entry.gen, entry.ns, entry.joins_seen
         if entry.founder:
             restored = self.store.restore(quarantine=True)
             if restored is not None:
@@ -176,15 +191,37 @@ class ElasticRuntime(Runtime):
 
     # ---- the step's extra columns ---------------------------------------------------------
     def _local_flags(self) -> Flags:
+        """Leave (this member got a signal) and, from rank 0, the joins to take in and whether
+        this generation was superseded (its STOP column: every member then leaves without a
+        checkpoint, since the group that superseded it owns the checkpoints now)."""
         stop, force, ckpt, prune, _, _ = super()._local_flags()
-        joins = 0.0
+        joins, superseded = 0, False
         if self.info.rank == 0 and self.stopped is None:
-            k = membership.pending_joins(self.kv, self.gen, self.joins_seen)
-            if k:
-                membership.offer(self.kv, self.gen, self.joins_seen, k,
-                                 lambda m: membership.gone(self.dir, m))
-            joins = float(k)
-        return 0.0, force, ckpt, prune, stop, joins
+            try:
+                superseded = membership.current_gen(self.kv)[1] != self.ns
+                joins = 0 if superseded else self._poll_joins()
+            except (MalletrainError, RuntimeError) as exc:
+                log.warning("elastic store: %s (no joins this step)", str(exc)[:200])
+        return float(superseded), force, ckpt, prune, stop, float(joins)
+
+    def _poll_joins(self) -> int:
+        k = membership.pending_joins(self.kv, self.ns, self.joins_seen, self._room())
+        if k:
+            self._gap_since = None
+            membership.offer(self.kv, self.ns, self.joins_seen, k, lambda m: membership.gone(self.dir, m))
+            return k
+        now = time.monotonic()
+        if self._gap_since is None:
+            self._gap_since = now
+        elif now - self._gap_since >= self.cfg.dead_s:       # a joiner died mid-request
+            self._gap_since = None
+            if membership.void_gap(self.kv, self.ns, self.joins_seen):
+                log.warning("join request %d was never written: voided", self.joins_seen + 1)
+        return 0
+
+    def _room(self) -> int:
+        """Joins the group can take: at most one process per logical worker."""
+        return max(0, self.cfg.logical_workers - len(self.members))
 
     def _tail_words(self) -> int:
         return (self._rng_bytes + 3) // 4
@@ -263,11 +300,29 @@ class ElasticRuntime(Runtime):
     def _barrier(self) -> None:
         """Rank 0 alone writes a checkpoint: every rank holds the whole state."""
 
+    def checkpoint(self) -> None:
+        """As :meth:`Runtime.checkpoint`, unless this generation was superseded: the newer
+        group owns the checkpoints then."""
+        if self._superseded:
+            return
+        if self.info.rank == 0 and self.ns:
+            try:
+                if membership.current_gen(self.kv)[1] != self.ns:
+                    log.error("generation %d was superseded: no checkpoint", self.gen)
+                    self._superseded = True
+                    return
+            except (MalletrainError, RuntimeError) as exc:
+                log.warning("elastic store: %s", str(exc)[:200])
+        super().checkpoint()
+
     def _leave_group(self) -> None:
         self.pg = None
         self._graveyard.clear()
-        if self.stopped in (None, "signal", "forced", "pruned"):     # the group ended as a whole
-            membership.close(self.kv, self.gen)
+        if self.stopped in (None, "signal", "forced", "pruned") and self.ns:   # ended as a whole
+            try:
+                membership.close(self.kv, self.ns)
+            except RuntimeError as exc:
+                log.warning("elastic store: %s", str(exc)[:200])
         self._pulse.halt.set()
         os.close(self._life)
 
@@ -279,6 +334,12 @@ class ElasticRuntime(Runtime):
         if prune and not self._at_end:
             self.stopped = "pruned"
             return
+        if stop and not forced:              # superseded by a newer generation (rank 0 saw it)
+            log.error("generation %d was superseded: leaving without a checkpoint", self.gen)
+            self._superseded = True
+            self.stopped = "lost"
+            self._abort()
+            return
         leavers = [m for m, f in zip(self.members, self._leave_flags) if f]
         if leavers and len(leavers) == len(self.members):
             self.stopped = "forced" if forced else "signal"    # the whole group: a checkpoint
@@ -287,83 +348,94 @@ class ElasticRuntime(Runtime):
         if ckpt:
             self.checkpoint()
         if leavers or self._join_count:
-            self._change(leavers, self._join_count)
+            try:
+                self._change(leavers, self._join_count)
+            except (MalletrainError, RuntimeError) as exc:    # a store error or malformed value
+                log.error("re-forming: %s", str(exc)[:200])
+                self._fall_back()
 
     def _change(self, leavers: list[int], joins: int) -> None:
-        if self.member in leavers:
-            log.info("member %d leaves generation %d at step %d", self.member, self.gen, self.step)
-            self.stopped = "left"
-            self._abort()
-            return
-        try:
-            taken = membership.offered(self.kv, self.gen, self.joins_seen, joins) if joins else []
-        except MembershipError as exc:
-            log.error("%s", exc)
-            self._fall_back()
-            return
-        self.joins_seen += joins
+        """The planned change every rank agreed on at this boundary: propose it as the way out
+        of this round (the first proposal wins, so a rank whose step failed meanwhile and went
+        to :func:`.membership.decide` ends in the same round) and go there."""
+        taken = membership.offered(self.kv, self.ns, self.joins_seen, joins) if joins else []
         survivors = [m for m in self.members if m not in leavers]
-        admitted, refused, seen = [], [], set(survivors)
+        admitted: list[tuple[int, int]] = []
+        refused: list[tuple[int, str]] = []
+        room, seen = self.cfg.logical_workers - len(survivors), set(survivors)
         for n, m, ok in taken:
             if not ok or m in seen:
                 refused.append((n, f"member {m} is already in the group" if ok else "gone or unreadable"))
+            elif len(admitted) >= room:
+                refused.append((n, f"the group is full ({self.cfg.logical_workers} logical workers)"))
             else:
                 admitted.append((n, m))
                 seen.add(m)
-        members = tuple(survivors + [m for _, m in admitted])
-        rnd = self.round + (members != self.members)
-        if members[0] == self.member:
-            membership.admit(self.kv, self.gen, rnd, members, admitted, refused, self.joins_seen)
-        if members == self.members:          # only refusals to answer
-            return
-        kind = "grow" if admitted and not leavers else "shrink" if leavers and not admitted else "change"
-        self._abort()
-        if self._settle(rnd, members):
+        members = tuple(survivors + [m for _, m in admitted]) or (self.member,)
+        proposal = membership.Transition(self.round + 1, members, self.joins_seen + joins,
+                                         tuple(admitted), tuple(refused))
+        t = membership.transition(self.kv, self.ns, self.round, proposal)
+        kind = "grow" if t.admitted and not leavers else "shrink" if leavers and not t.admitted else "change"
+        if self._adopt(t, leaving=self.member in leavers):
             self._record(kind, self._t_last)
 
     def _lost(self) -> None:
         self._phase["detect_s"] = time.perf_counter() - self._t_last
         self._abort()
-        agreed = self._agree(self.round, self.members)
-        if agreed is not None and self._settle(*agreed):
+        t = self._decide(self.round, self.members)
+        if t is not None and self._adopt(t, leaving=False):
             self._record("loss", self._t_last)
 
-    def _agree(self, rnd: int, members: tuple[int, ...]) -> tuple[int, tuple[int, ...]] | None:
-        """After round ``rnd`` failed: the next round and who is in it (None: not this member,
-        or no agreement within the bound, and the fallback taken)."""
+    def _decide(self, rnd: int, members: tuple[int, ...]) -> membership.Transition | None:
+        """After round ``rnd`` failed: the agreed way out (None: no agreement within the bound,
+        and the fallback taken)."""
         t0 = time.perf_counter()
         try:
-            decided = membership.decide(self.kv, self.gen, rnd, members, self.member, self.step,
-                                        self.watch, dead_s=self.cfg.dead_s,
-                                        wait_s=self.cfg.collective_timeout_s + 2 * self.cfg.dead_s)
-            self._phase["agree_s"] = self._phase.get("agree_s", 0.0) + time.perf_counter() - t0
-        except MembershipError as exc:
-            log.error("%s", exc)
+            t = membership.decide(self.kv, self.ns, rnd, members, self.member, self.joins_seen,
+                                  self.watch, dead_s=self.cfg.dead_s,
+                                  wait_s=self.cfg.collective_timeout_s + 2 * self.cfg.dead_s)
+        except (MalletrainError, RuntimeError) as exc:
+            log.error("%s", str(exc)[:200])
             self._fall_back()
             return None
-        if self.member not in decided:
-            log.warning("member %d was left out after round %d; exiting to be requeued",
-                        self.member, rnd)
-            self.stopped = "lost"
-            return None
-        members = tuple(m for m in members if m in decided)
-        if members[0] == self.member:
-            membership.admit(self.kv, self.gen, rnd + 1, members, [], [], self.joins_seen)
-        return rnd + 1, members
+        self._phase["agree_s"] = self._phase.get("agree_s", 0.0) + time.perf_counter() - t0
+        return t
+
+    def _adopt(self, t: membership.Transition, *, leaving: bool) -> bool:
+        """Go to the agreed round ``t`` (or leave, when this member is not in it)."""
+        self._abort()
+        if self.member not in t.members:
+            if leaving:
+                log.info("member %d leaves generation %d at step %d", self.member, self.gen, self.step)
+                self.stopped = "left"
+            else:
+                log.warning("member %d was left out of round %d; exiting to be requeued",
+                            self.member, t.round)
+                self.stopped = "lost"
+            return False
+        self.joins_seen = t.seen
+        if t.members[0] == self.member:
+            membership.announce(self.kv, self.ns, t)
+        return self._settle(t.round, t.members)
 
     def _settle(self, rnd: int, members: tuple[int, ...]) -> bool:
         """Build round ``rnd``'s group, check the peers' proofs and bring everyone to the
         newest state; after a failure, agree again on who is left.  False (and the fallback
         taken) when that fails ``ATTEMPTS`` times."""
-        for attempt in range(ATTEMPTS):
-            if attempt:
-                agreed = self._agree(rnd, members)
-                if agreed is None:
-                    return False
-                rnd, members = agreed
+        for _ in range(ATTEMPTS):
             if self._form(rnd, members):
                 self._bury()
                 return True
+            t = self._decide(rnd, members)
+            if t is None:
+                return False
+            if self.member not in t.members:
+                self.stopped = "lost"
+                return False
+            self.joins_seen = t.seen
+            if t.members[0] == self.member:
+                membership.announce(self.kv, self.ns, t)
+            rnd, members = t.round, t.members
         self._fall_back()
         return False
 
@@ -383,13 +455,17 @@ class ElasticRuntime(Runtime):
         if world == 1:
             self.pg = None
             return self.step >= 0 or self._fall_back_alone()
+        dead = [m for m in members if m != self.member and membership.gone(self.dir, m)]
+        if dead:                             # the group would wait for them until its timeout
+            log.warning("round %d: member(s) %s are gone already", rnd, dead)
+            return False
         timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
         t0 = time.perf_counter()
         try:
             opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = timeout
             opts._devices = [dist.ProcessGroupGloo.create_default_device()]
-            self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"g{self.gen}/r{rnd}/pg/", self.kv),
+            self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{self.ns}/r{rnd}/pg/", self.kv),
                                             rank, world, opts)
         except RuntimeError as exc:
             log.warning("round %d: the group did not form: %s", rnd, str(exc).splitlines()[0][:200])
@@ -407,8 +483,8 @@ class ElasticRuntime(Runtime):
     def _prove(self, rnd: int) -> bool:
         """Every rank shows it read the generation's key (the private store's) over the data
         plane: a process that took a rank's place without it is refused."""
-        key = membership.secret(self.kv, self.gen)
-        token = [hmac.new(key, f"peer:{self.gen}:{rnd}:{r}".encode(), hashlib.sha256).digest()
+        key = membership.secret(self.kv, self.ns)
+        token = [hmac.new(key, f"peer:{self.ns}:{rnd}:{r}".encode(), hashlib.sha256).digest()
                  for r in range(self.info.world)]
         rows = self._allgather(torch.tensor(list(token[self.info.rank]), dtype=torch.uint8))
         if rows is None:
@@ -433,22 +509,26 @@ class ElasticRuntime(Runtime):
         if all(s == top for s in held):
             return True
         src = held.index(top)
-        key = f"g{self.gen}/r{rnd}/sha"
+        key = f"{self.ns}/r{rnd}/state"
         t0 = time.perf_counter()
         if self.info.rank == src:
             blob = wire.encode({k: v for k, v in self.state().items() if k != "extra"})
-            self.kv.set(key, wire.digest(blob))
+            self.kv.set(key, f"{wire.digest(blob)}:{blob.numel()}")
             size = torch.tensor([blob.numel()], dtype=torch.long)
         else:
             size = torch.tensor([0], dtype=torch.long)
         if not self._broadcast(size, src):
             return False
         if self.info.rank != src:
+            want, _, told = self.kv.get(key).decode("utf-8", "replace").partition(":")
+            if told != str(int(size)):       # the size sent must be the one in the private store
+                log.error("round %d: the state's size does not match the store's", rnd)
+                self._abort()
+                return False
             blob = torch.empty(int(size), dtype=torch.uint8)
         if not self._broadcast(blob, src):
             return False
         if self.info.rank != src:
-            want = self.kv.get(key).decode()
             if wire.digest(blob) != want:
                 log.error("round %d: the state received does not match its digest", rnd)
                 self._abort()

@@ -84,14 +84,20 @@ def decode(blob: torch.Tensor) -> Any:
     metas = head["tensors"]
     if len(metas) > TENSORS_MAX:
         raise WireError(f"state transfer: {len(metas)} tensors (at most {TENSORS_MAX})")
-    tensors = [_tensor(m, body, i) for i, m in enumerate(metas)]
+    tensors, offset = [], 0
+    for i, m in enumerate(metas):           # the spans tile the body: nothing read twice
+        tensors.append(_tensor(m, body, i, offset))
+        offset += m[3]
+    if offset != len(body):
+        raise WireError(f"state transfer: {len(body) - offset} bytes past the last tensor")
     return _untree(head.get("tree"), tensors, 0)
 
 
-def _tensor(meta: Any, body: memoryview, i: int) -> torch.Tensor:
-    ok = (isinstance(meta, list) and len(meta) == 4 and meta[0] in DTYPES and isinstance(meta[1], list)
-          and all(type(d) is int and 0 <= d for d in meta[1]) and type(meta[2]) is int
-          and type(meta[3]) is int and 0 <= meta[2] and meta[2] + meta[3] <= len(body))
+def _tensor(meta: Any, body: memoryview, i: int, offset: int) -> torch.Tensor:
+    ok = (isinstance(meta, list) and len(meta) == 4 and isinstance(meta[0], str) and meta[0] in DTYPES
+          and isinstance(meta[1], list) and len(meta[1]) <= DEPTH_MAX
+          and all(type(d) is int and 0 <= d <= max(len(body), 1 << 20) for d in meta[1]) and meta[2] == offset
+          and type(meta[2]) is int and type(meta[3]) is int and 0 <= meta[3] <= len(body) - offset)
     if not ok:
         raise WireError(f"state transfer: tensor {i} is described out of bounds")
     dtype = DTYPES[meta[0]]
