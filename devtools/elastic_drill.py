@@ -84,10 +84,11 @@ def _records(path: str) -> list[dict]:
 
 
 class Progress:
-    """The newest step in a metrics file, read incrementally."""
+    """The newest step in a metrics file, and its re-forming records, read incrementally."""
 
     def __init__(self, path: str) -> None:
         self.path, self.pos, self.step, self.t = path, 0, -1, 0.0
+        self.reforms: list[dict] = []
 
     def poll(self) -> int:
         if os.path.exists(self.path):
@@ -103,6 +104,8 @@ class Progress:
                     continue
                 if rec.get("event") == "progress" and rec.get("step", -1) > self.step:
                     self.step, self.t = rec["step"], rec["t"]
+                elif rec.get("event") == "reform":
+                    self.reforms.append(rec)
         return self.step
 
     def wait_beyond(self, step: int, timeout_s: float, alive=lambda: True) -> int:
@@ -189,7 +192,21 @@ class Elastic:
             p.kill()
 
     def reforms(self) -> list[dict]:
-        return [r for r in _records(self.metrics) if r.get("event") == "reform"]
+        self.progress.poll()
+        return self.progress.reforms
+
+    def wait_members(self, ok, what: str, timeout_s: float = 120.0) -> None:
+        """Until ``ok(members)`` holds for the group's newest membership (an empty tuple before
+        the first re-forming)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            recs = self.reforms()
+            if ok(tuple(recs[-1]["members"]) if recs else ()):
+                return
+            if not self.running():
+                raise RuntimeError(f"the elastic job ended while waiting until {what}")
+            time.sleep(0.02)
+        raise TimeoutError(f"not {what} within {timeout_s:.0f}s (a hang)")
 
 
 def run_elastic(work: str, cycles: int, timeout_s: float) -> dict:
@@ -210,7 +227,8 @@ def run_elastic(work: str, cycles: int, timeout_s: float) -> dict:
                     for _ in range(count):
                         job.start()
                     # the joiners prepare (import, model) while the others train on
-                    _wait_members(job, len(job.running()))
+                    want = len(job.running())
+                    job.wait_members(lambda ms, want=want: len(ms) == want, f"the group has {want} members")
                 else:
                     victim = rng.choice(job.running())
                     job.signal(victim, signal.SIGKILL if kind == "kill" else signal.SIGTERM)
@@ -223,29 +241,6 @@ def run_elastic(work: str, cycles: int, timeout_s: float) -> dict:
     finally:
         job.kill_all()
     return {"sha": sha, "step": last, "events": events, "reforms": job.reforms()}
-
-
-def _wait_members(job: Elastic, want: int, timeout_s: float = 120.0) -> None:
-    """Until the group's newest membership has ``want`` members."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        recs = job.reforms()
-        if recs and len(recs[-1].get("members", [])) == want:
-            return
-        if not job.running():
-            raise RuntimeError("the elastic job ended while members were joining")
-        time.sleep(0.02)
-    raise TimeoutError(f"the group did not reach {want} members within {timeout_s:.0f}s")
-
-
-def _wait_admitted(job: Elastic, member: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        recs = job.reforms()
-        if recs and member in recs[-1]["members"] or member not in job.running():
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"member {member} was not admitted within {timeout_s:.0f}s (a hang)")
 
 
 def run_restart(work: str, cycles: int, timeout_s: float, every: int) -> dict:
@@ -411,7 +406,8 @@ def chaos(args) -> int:
             if kind == "join":
                 m = job.start()
                 if rng.random() < 0.7:       # most joiners get in; the others race the next events
-                    _wait_admitted(job, m, args.hang_s)
+                    job.wait_members(lambda ms, m=m: m in ms or m not in job.running(),
+                                     f"member {m} is admitted", args.hang_s)
             else:
                 # SIGTERM only to members that joined (the runtime's handler is installed);
                 # SIGKILL to anyone but the last member that holds the state

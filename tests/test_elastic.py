@@ -122,13 +122,13 @@ def test_members_leave_join_and_die_and_the_result_is_the_uninterrupted_runs_bit
     try:
         for _ in range(3):
             job.start()
-        _until_members(job, 3)
+        job.wait_members(lambda ms: len(ms) == 3, "three members", 90)
         step = job.progress.wait_beyond(5, 60)
         leaver = job.running()[0]
         job.signal(leaver, signal.SIGTERM)
         assert job.wait_gone(leaver) == 3
         job.start()
-        _until_members(job, 3)
+        job.wait_members(lambda ms: len(ms) == 3, "three members again", 90)
         job.progress.wait_beyond(step + 10, 60)
         victim = job.running()[-1]
         job.signal(victim, signal.SIGKILL)
@@ -145,16 +145,6 @@ def test_members_leave_join_and_die_and_the_result_is_the_uninterrupted_runs_bit
         with open(tmp_path / f"member-{m}.log") as fh:
             log = fh.read()
         assert log.count("founds generation") + log.count("(join)") == 1
-
-
-def _until_members(job, want, timeout_s=90):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        recs = job.reforms()
-        if recs and len(recs[-1]["members"]) == want:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the group never had {want} members: {job.reforms()}")
 
 
 # ---- in one process: the fallback and the bounds -----------------------------------------------

@@ -37,11 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import hmac
 import logging
 import os
-import stat
 import threading
 import time
 
@@ -53,7 +50,7 @@ from malletrain.runtime import logical, membership, wire
 from malletrain.runtime.config import RuntimeConfig
 from malletrain.runtime.launch import DistInfo, discover_process
 from malletrain.runtime.membership import MembershipError
-from malletrain.runtime.metrics import MetricsWriter
+from malletrain.runtime.rendezvous import RendezvousError, mac, open_private_dir
 from malletrain.runtime.trainer import EXTRA, JOIN, LEAVE, Flags, Runtime
 
 log = logging.getLogger("malletrain.runtime")
@@ -64,11 +61,11 @@ TAKEOVER = 10         # a generation is taken over after its pulses stood still 
 
 def member_id(env=None) -> int:
     env = os.environ if env is None else env
-    raw = env.get("MALLETRAIN_MEMBER") or env.get("SLURM_ARRAY_TASK_ID")
-    if raw is None or not raw.isdigit():
+    member = membership.ascii_int(env.get("MALLETRAIN_MEMBER") or env.get("SLURM_ARRAY_TASK_ID"))
+    if member is None:
         raise InputError("an elastic job needs its member id: MALLETRAIN_MEMBER or "
                          "SLURM_ARRAY_TASK_ID (an integer)")
-    return membership.check_member(int(raw))
+    return membership.check_member(member)
 
 
 def _not_writable_by_others(path: str) -> None:
@@ -82,14 +79,15 @@ def _not_writable_by_others(path: str) -> None:
                          "no one else (its store is the job's rendezvous)", path=path)
 
 
-def private_dir(path: str) -> str:
-    """``path`` created 0700 if missing; refused unless it is a directory of this user that
-    no one else can enter (the store in it is the rendezvous: it must stay private)."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise InputError("the elastic store's directory must be a private directory of yours "
-                         "(mode 0700, not a link)", path=path)
+def private_dir(parent: str) -> str:
+    """``<parent>/.elastic``, created 0700 if missing; refused unless it is a directory of this
+    user that no one else can enter (the store in it is the rendezvous: it must stay private),
+    checked as the TCP rendezvous checks its key directory."""
+    try:
+        os.close(open_private_dir(parent, DIR_NAME, "the elastic store's directory"))
+    except RendezvousError as exc:
+        raise InputError(str(exc)) from None
+    path = os.path.join(parent, DIR_NAME)
     for sub in ("pulse", "life"):
         os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
     return path
@@ -128,7 +126,7 @@ class ElasticRuntime(Runtime):
                               field="backend")
         self.member = member_id() if member is None else membership.check_member(member)
         _not_writable_by_others(cfg.checkpoint_dir)
-        self.dir = private_dir(os.path.join(cfg.checkpoint_dir, DIR_NAME))
+        self.dir = private_dir(cfg.checkpoint_dir)
         try:
             self._life = membership.hold_life(self.dir, self.member)
         except MembershipError as exc:
@@ -404,6 +402,11 @@ class ElasticRuntime(Runtime):
     def _adopt(self, t: membership.Transition, *, leaving: bool) -> bool:
         """Go to the agreed round ``t`` (or leave, when this member is not in it)."""
         self._abort()
+        return self._accept(t, leaving=leaving) and self._settle(t.round, t.members)
+
+    def _accept(self, t: membership.Transition, *, leaving: bool) -> bool:
+        """Take the agreed transition ``t`` as this member's own: False (and this member out of
+        the group) when it is not in it; its new rank 0 tells the joiners."""
         if self.member not in t.members:
             if leaving:
                 log.info("member %d leaves generation %d at step %d", self.member, self.gen, self.step)
@@ -416,7 +419,7 @@ class ElasticRuntime(Runtime):
         self.joins_seen = t.seen
         if t.members[0] == self.member:
             membership.announce(self.kv, self.ns, t)
-        return self._settle(t.round, t.members)
+        return True
 
     def _settle(self, rnd: int, members: tuple[int, ...]) -> bool:
         """Build round ``rnd``'s group, check the peers' proofs and bring everyone to the
@@ -427,14 +430,8 @@ class ElasticRuntime(Runtime):
                 self._bury()
                 return True
             t = self._decide(rnd, members)
-            if t is None:
+            if t is None or not self._accept(t, leaving=False):
                 return False
-            if self.member not in t.members:
-                self.stopped = "lost"
-                return False
-            self.joins_seen = t.seen
-            if t.members[0] == self.member:
-                membership.announce(self.kv, self.ns, t)
             rnd, members = t.round, t.members
         self._fall_back()
         return False
@@ -484,8 +481,7 @@ class ElasticRuntime(Runtime):
         """Every rank shows it read the generation's key (the private store's) over the data
         plane: a process that took a rank's place without it is refused."""
         key = membership.secret(self.kv, self.ns)
-        token = [hmac.new(key, f"peer:{self.ns}:{rnd}:{r}".encode(), hashlib.sha256).digest()
-                 for r in range(self.info.world)]
+        token = [bytes.fromhex(mac(key, "peer", self.ns, rnd, r)) for r in range(self.info.world)]
         rows = self._allgather(torch.tensor(list(token[self.info.rank]), dtype=torch.uint8))
         if rows is None:
             return False
@@ -557,13 +553,11 @@ class ElasticRuntime(Runtime):
         self._saved_step = self.step
 
     def _retarget_metrics(self) -> None:
-        lead = self.info.rank == 0
-        if lead != (self.metrics.path is not None):
+        """Rank 0 writes the progress records: a member that became or stopped being rank 0
+        gets a new writer."""
+        if (self.info.rank == 0) != (self.metrics.path is not None):
             self.metrics.close()
-            base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
-                        node=self.info.node, restart=self.info.restart, member=self.member)
-            self.metrics = MetricsWriter(self.cfg.metrics_path if lead else None, base=base,
-                                         min_interval_s=self.cfg.report_s)
+            self.metrics = self._metrics_writer(member=self.member)
 
     def _record(self, kind: str, since: float) -> None:
         """One change done: its pause (from ``since``: the last applied step, or a joiner's

@@ -105,7 +105,7 @@ _DIGITS = re.compile(r"^[0-9]{1,9}$")
 _NONCE = re.compile(r"^[0-9a-f]{16}$")
 
 
-def _int(text: str | None) -> int | None:
+def ascii_int(text: str | None) -> int | None:
     """A non-negative decimal integer, ASCII only; None for anything else."""
     return int(text) if text is not None and _DIGITS.match(text) else None
 
@@ -246,7 +246,7 @@ def current_gen(store: Store) -> tuple[int, str, str]:
     if not text:
         return 0, "", ""
     parts = text.split(":")
-    gen = _int(parts[0]) if len(parts) == 3 else None
+    gen = ascii_int(parts[0]) if len(parts) == 3 else None
     if gen is None or not _NONCE.match(parts[2]):
         raise MembershipError("elastic store: gen is malformed")
     return gen, f"g{gen}.{parts[2]}", text
@@ -341,7 +341,7 @@ def joiners(store: Store, ns: str, seen: int, count: int) -> list[tuple[int, int
     """(request number, member) of the ``count`` requests after ``seen`` (-1: void, unreadable)."""
     out = []
     for n in range(seen + 1, seen + count + 1):
-        m = _int(_get(store, f"{ns}/join/{n}"))
+        m = ascii_int(_get(store, f"{ns}/join/{n}"))
         out.append((n, m if m is not None and m < MEMBER_MAX else -1))
     return out
 

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from malletrain.runtime import RuntimeConfig
-    from malletrain.runtime.trainer import Runtime
+    from malletrain.runtime.trainer import OUT_OF_GROUP, Runtime
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     mapping = json.loads(args.mapping) if args.mapping.startswith("[") else args.mapping
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_sleep_s:
             time.sleep(args.step_sleep_s)
     rc = rt.close()
-    if rt.info.rank == 0 and rt.stopped not in ("left", "lost", "unadmitted"):
+    if rt.info.rank == 0 and rt.stopped not in OUT_OF_GROUP:
         print(f"sha256 {state_sha256(model)} step {rt.step} stopped {rt.stopped or '-'}", flush=True)
     return rc
 

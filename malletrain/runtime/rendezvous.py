@@ -70,11 +70,13 @@ def mac(secret: bytes, *parts: object) -> str:
     return hmac.new(secret, "\x00".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
 
 
-def open_private_dir(parent: str) -> int:
-    """A descriptor of ``<parent>/.rendezvous``, created 0700; RendezvousError unless it is a
-    directory (not a symlink) owned by this user that nobody else may enter."""
+def open_private_dir(parent: str, name: str = DIR_NAME,
+                     what: str = "the rendezvous key directory") -> int:
+    """A descriptor of ``<parent>/<name>``, created 0700; RendezvousError unless it is a
+    directory (not a symlink) owned by this user that nobody else may enter.  An elastic job's
+    store directory is checked the same way (:mod:`.elastic`)."""
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    path = os.path.join(parent, DIR_NAME)
+    path = os.path.join(parent, name)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -82,12 +84,12 @@ def open_private_dir(parent: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise RendezvousError(f"{path}: cannot open the rendezvous key directory "
+        raise RendezvousError(f"{path}: cannot open {what} "
                               f"(a symlink, or not a directory?): {exc.strerror}") from None
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         os.close(fd)
-        raise RendezvousError(f"{path}: the rendezvous key directory must be yours and private "
+        raise RendezvousError(f"{path}: {what} must be yours and private "
                               f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}; "
                               f"want uid {os.geteuid()}, mode 0700)")
     return fd

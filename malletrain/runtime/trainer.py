@@ -54,6 +54,9 @@ log = logging.getLogger("malletrain.runtime")
 # requeues the job on it (Slurm alone would count a job that exits during its preemption
 # grace time as COMPLETED and never run it again)
 EXIT_STOPPED = 3
+# how an elastic job's member ends without ending the job (:mod:`.elastic`): it left (a signal),
+# was left out by the others, or was never admitted; the group trains on without it
+OUT_OF_GROUP = ("left", "lost", "unadmitted")
 
 # extra columns after the flattened gradient in each exchanged row (LEAVE and JOIN: an elastic
 # job's membership changes, :mod:`.elastic`)
@@ -105,10 +108,7 @@ class Runtime:
         self.store = CheckpointStore(cfg.checkpoint_dir, cfg.keep)
         os.makedirs(cfg.checkpoint_dir, mode=0o700, exist_ok=True)   # private by default
         self.stop = StopRequest(deadline_s=cfg.deadline_s).install()
-        base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
-                    node=self.info.node, restart=self.info.restart)
-        self.metrics = MetricsWriter(cfg.metrics_path if self.info.rank == 0 else None,
-                                     base=base, min_interval_s=cfg.report_s)
+        self.metrics = self._metrics_writer()
         self.step = 0
         self.stopped: str | None = None       # None | "signal" | "forced" | "pruned"
         self.finished = False
@@ -120,6 +120,13 @@ class Runtime:
         self._saved_step = -1
 
     # ---- setup -------------------------------------------------------------------------
+    def _metrics_writer(self, **base) -> MetricsWriter:
+        """Progress records, written by rank 0 alone (the others get a writer that drops them)."""
+        base = dict(job=self.info.job, world=self.info.world, nodes=self.info.nodes,
+                    node=self.info.node, restart=self.info.restart, **base)
+        return MetricsWriter(self.cfg.metrics_path if self.info.rank == 0 else None, base=base,
+                             min_interval_s=self.cfg.report_s)
+
     def _init_group(self) -> None:
         """The process group, after the authenticated handshake (:mod:`.rendezvous`): every
         rank proves it read this run's private key before anything it sends is used."""
@@ -568,7 +575,7 @@ class Runtime:
         pruned = self.stopped == "pruned"
         if since is not None:
             verdict = "within" if since <= self.cfg.grace_s else "OVER"
-            done = "left the group at" if self.stopped in ("left", "lost", "unadmitted") else "checkpoint of"
+            done = "left the group at" if self.stopped in OUT_OF_GROUP else "checkpoint of"
             log.warning("stop: %s -> %s step %d and exit %.2fs after the signal "
                         "(%s the %.0fs grace time)", self.stop.name(), done, self.step, since, verdict,
                         self.cfg.grace_s)
