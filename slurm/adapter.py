@@ -50,6 +50,7 @@ from malletrain.domain.model import (
     Snapshot,
 )
 from malletrain.domain.nodes import load_node_info
+from malletrain.slurm import groups as grp
 from malletrain.slurm.parse import (
     LIMITS_FORMAT,
     MAX_TAG_BYTES,
@@ -100,6 +101,17 @@ class Book:
     change_hold_s: float = 0.0
     change_release_s: float = 0.0
     change_nodes: int = 0
+    # an elastic group's members released by us or last seen running: "TASK@NODE" (issue #26)
+    members: tuple[str, ...] = ()
+
+    def placed(self) -> dict[int, str]:
+        """An elastic group's members on nodes: task -> node."""
+        out = {}
+        for entry in self.members:
+            task, _, node = entry.partition("@")
+            if task.isdigit() and node:
+                out[int(task)] = node
+        return out
 
 
 @dataclass
@@ -130,6 +142,7 @@ class SlurmBackend:
         self._save = save_book or (lambda job, book: None)
         self.events = Events()
         self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
+        self.groups: dict[str, tuple[JobRecord, ...]] = {}   # array id -> its tasks (elastic groups' members)
         self.tags: dict[str, Tag] = {}
         self.tag_records: dict[str, TagRecord] = {}  # comment read alone, per job in the partition
         self.uids: dict[str, int] = {}
@@ -197,7 +210,7 @@ class SlurmBackend:
             self._learn_release()
         if self.switches is None:
             self._learn_topology()
-        jobs = self._jobs()
+        jobs = self._fold(self._jobs())
         jobs += self._ended(jobs)
         nodes = self._nodes()
         every = self.slurm.reservations_every
@@ -277,7 +290,8 @@ class SlurmBackend:
             if r.phase in (Phase.HELD, Phase.PENDING) and self.finished_work(r.job_id):
                 finished_queued.add(r.job_id)
                 continue          # its work is done: never started again
-            st = self._job_state(r, tag, now, pool_names, soon)
+            st = (self._group_state(r, tag, now, pool_names, soon) if r.job_id in self.groups
+                  else self._job_state(r, tag, now, pool_names, soon))
             if st is not None:
                 states.append(st)
         finished = tuple(j for j in self.records if j not in live)
@@ -417,16 +431,24 @@ class SlurmBackend:
             self.tag_records[job] = replace(rec, comment=rec.comment[:MAX_TAG_BYTES + 1])
         return rec
 
-    def _fetch_tag(self, job: str) -> TagRecord | None:
-        """The job's owner, partition and comment, read alone (finished jobs too)."""
-        return parse_tag_record(job, self.runner.read(["squeue", "-h", "-j", job, "-t", "all", "-o", TAG_FORMAT],
-                                                        unknown_job_ok=True))
+    def _fetch_tag(self, job: str, member: JobRecord | None = None) -> TagRecord | None:
+        """The job's owner, partition and comment, read alone (finished jobs too).  For an elastic
+        group: one member's (``member``, or its first), read by its ``ARRAY_TASK`` id: Slurm
+        answers for that task of that array only, so no other job's record can stand in for it."""
+        if member is None and job in self.groups:
+            member = self.groups[job][0]
+        spec = member.spec if member is not None else job
+        rec = parse_tag_record(spec, self.runner.read(["squeue", "-h", "-j", spec, "-t", "all", "-o", TAG_FORMAT],
+                                                       unknown_job_ok=True))
+        return replace(rec, job_id=job) if rec is not None else None
 
     def _tag_of(self, r: JobRecord) -> Tag | None:
         rec = self.tag_records.get(r.job_id)
         if rec is None or not self._candidate(r) or rec.uid != r.uid or rec.partition != r.partition:
             return None
-        return parse_tag(rec.comment)
+        tag = parse_tag(rec.comment)
+        # an array is adopted only as an elastic group, and a group tag only on an array
+        return tag if tag is not None and tag.group == (r.job_id in self.groups) else None
 
     def _bounded(self, tag: Tag, partition_nodes: int) -> Tag:
         cap = self.daemon.max_rescale_pause_s
@@ -441,12 +463,14 @@ class SlurmBackend:
             return tag.profile
         return f"{r.user or r.uid}/{tag.profile}"
 
-    def _verify(self, job: str) -> bool:
+    def _verify(self, job: str, member: JobRecord | None = None) -> bool:
         """Right before a write: the job still has the id, owner, partition and tag it was
-        adopted with.  Anything else (or a failed read) refuses the write."""
+        adopted with.  Anything else (or a failed read) refuses the write.  A write to an elastic
+        group's ``member`` checks that member itself: a task of the same array, with the owner,
+        partition and tag the group was adopted with."""
         known = self.tag_records.get(job)
         try:
-            now = self._fetch_tag(job)
+            now = self._fetch_tag(job, member)
         except SlurmCommandError as exc:
             why = f"cannot re-read it: {exc}"
         else:
@@ -458,20 +482,28 @@ class SlurmBackend:
                    "it carries no valid tag" if parse_tag(now.comment) is None else "")
             if not why:
                 return True
-            self.tag_records.pop(job, None)      # read again next cycle; decide from what it says then
+            if member is None:
+                self.tag_records.pop(job, None)      # read again next cycle; decide from what it says then
         self.events.refused_writes += 1
-        log.warning("job %s: write refused, %s", job, why, extra={"job": job, "reason": "refused"})
+        what = f"job {job}" if member is None else f"job {job} (member {member.spec})"
+        log.warning("%s: write refused, %s", what, why, extra={"job": job, "reason": "refused"})
         return False
 
-    def _write(self, job: str, argv: list[str]) -> bool:
-        """A write to ``job``, after :meth:`_verify`; False when refused."""
-        if not self._verify(job):
+    def _write(self, job: str, argv: list[str], member: JobRecord | None = None) -> bool:
+        """A write to ``job`` (or to one of its members), after :meth:`_verify`; False when refused."""
+        if not self._verify(job, member):
             return False
         self.runner.write(argv)
         return True
 
     def _jobs(self) -> list[JobRecord]:
-        return self._parse(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
+        # -r: one line per array task (an elastic group's members), as they are held and started one by one
+        return self._parse(self.runner.read(["squeue", "-h", "-a", "-r", "-o", SQUEUE_FORMAT]))
+
+    def _fold(self, jobs: list[JobRecord]) -> list[JobRecord]:
+        """The harvest partition's arrays as one record each (groups.py); their tasks kept."""
+        out, self.groups = grp.fold(jobs, self.slurm.partition)
+        return out
 
     def _parse(self, text: str) -> list[JobRecord]:
         """The queue read's records; a line that is not Slurm's fields (a format this
@@ -559,6 +591,66 @@ class SlurmBackend:
         pool.difference_update(soon)
         return JobState(spec, nodes, None, book.paused_until_s, book.last_change_s)
 
+    def _group_state(self, r: JobRecord, tag: Tag, now: float, pool: set[str],
+                     soon: set[str]) -> JobState | None:
+        """An elastic group as the core sees it: the nodes of its running members and of those
+        we released, not started yet.  A member Slurm requeued (preempted: only that member
+        stopped) or that did not start in time is held again; the others keep running."""
+        gid, members = r.job_id, self.groups[r.job_id]
+        book = self.books.get(gid, Book())
+        placed = book.placed()
+        by_task = {m.task: m for m in members}
+        running = {m.task: m.nodes[0] for m in members if m.phase is Phase.RUNNING and m.nodes}
+        launching: dict[int, str] = {}
+        for task, node in placed.items():
+            m = by_task.get(task)
+            if m is None or task in running or m.phase is not Phase.PENDING or node not in book.launching:
+                continue
+            if book.launch_t and (now - book.launch_t > self.daemon.start_timeout_s
+                                  or (now - book.launch_t > 5.0 and node not in pool)):
+                log.warning("job %s: member %s did not start on %s (%s); holding it", gid, m.spec, node,
+                            "its node was taken" if node not in pool else "start_timeout_s passed",
+                            extra={"job": gid, "reason": "member did not start"})
+                self._hold_member(gid, m)
+                continue
+            launching[task] = node
+        for m in members:       # pending, not released by us: Slurm requeued it (a preemption)
+            if m.phase is Phase.PENDING and m.task not in launching:
+                if m.task in placed:
+                    self.events.preemptions += 1
+                    log.warning("job %s: member %s on %s was requeued by Slurm (preempted); the other "
+                                "members go on", gid, m.spec, placed[m.task],
+                                extra={"job": gid, "reason": "member preempted"})
+                self._hold_member(gid, m)
+        where = {**launching, **running}
+        entries = tuple(f"{t}@{n}" for t, n in sorted(where.items()))
+        if entries != book.members or book.running != tuple(sorted(running.values())):
+            book = replace(book, members=entries, running=tuple(sorted(running.values())),
+                           launching=tuple(sorted(launching.values())))
+            self._put(gid, book)
+        nodes = tuple(sorted(where.values()))
+        if soon & set(nodes):
+            self.events.vacates += 1
+            log.info("job %s: giving %s back to a primary job planned to start soon", gid,
+                     collect(sorted(soon & set(nodes))), extra={"job": gid, "reason": "primary job planned"})
+        if r.phase is Phase.MOVING or (r.phase is Phase.HELD and self.not_before.get(gid, 0.0) > now):
+            return None
+        size = max(1, min(tag.max_nodes, len(members)))
+        spec = JobSpec(gid, min(tag.min_nodes, size), size, tag.rescale_up_s, tag.rescale_down_s,
+                       self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
+                       owner=str(r.uid) if r.uid is not None else r.user)
+        pool.update(nodes)
+        pool.difference_update(soon)
+        return JobState(spec, nodes, None, book.paused_until_s, book.last_change_s)
+
+    def _hold_member(self, gid: str, m: JobRecord) -> bool:
+        """Hold one member (pending: it stays queued, never started by Slurm on its own)."""
+        try:
+            return self._write(gid, ["scontrol", "uhold", m.spec], member=m)
+        except SlurmCommandError as exc:
+            log.warning("job %s: hold of member %s failed: %s", gid, m.spec, exc)
+            return False
+
     def _put(self, job: str, book: Book) -> None:
         self.books[job] = book
         self._save(job, book)
@@ -568,6 +660,8 @@ class SlurmBackend:
         the daemon starts it again when it has nodes.  False when refused or failed."""
         book = self.books.get(job, Book())
         try:
+            if job in self.groups:
+                return self._requeue_group(job, why)
             if not self._verify(job):
                 return False
             self._put(job, replace(book, launching=(), running=(), last_change_s=self.clock()))
@@ -578,6 +672,20 @@ class SlurmBackend:
             return False
         self.events.recoveries += 1
         log.warning("job %s: %s", job, why, extra={"job": job, "action": "requeue", "reason": why})
+        return True
+
+    def _requeue_group(self, gid: str, why: str) -> bool:
+        """The safety net on a group (hung): every running member requeued held."""
+        running = [m for m in self.groups[gid] if m.phase is Phase.RUNNING]
+        if not all(self._verify(gid, m) for m in running):
+            return False
+        self._put(gid, replace(self.books.get(gid, Book()), members=(), launching=(), running=(),
+                               last_change_s=self.clock()))
+        for m in running:
+            self.runner.write(["scontrol", "requeuehold", m.job_id])
+        self.events.recoveries += 1
+        log.warning("job %s: %s (%d member(s) requeued held)", gid, why, len(running),
+                    extra={"job": gid, "action": "requeue", "reason": why})
         return True
 
     def cancel_finished(self, job: str, why: str) -> bool:
@@ -626,6 +734,11 @@ class SlurmBackend:
                      collect(a.from_nodes) if a.from_nodes else "-",
                      collect(a.to_nodes) if a.to_nodes else "-", a.reason,
                      extra={"job": a.job_id, "action": a.kind.value, "reason": a.reason})
+            if a.job_id in self.groups:     # an elastic group: only the members that leave stop
+                self._free_members(a, now, blocked)
+                if a.kind is not ActionKind.STOP:
+                    relaunch.append(a)
+                continue
             try:
                 if a.kind is ActionKind.START:
                     relaunch.append(a)
@@ -661,6 +774,12 @@ class SlurmBackend:
                                 a.job_id, self.daemon.rescale_wait_s)
         for a in relaunch:
             onto = sorted({n: blocked[n] for n in a.to_nodes if blocked.get(n, a.job_id) != a.job_id}.items())
+            if onto and a.job_id in self.groups:
+                self.events.deferred_launches += 1
+                log.warning("job %s: members not started on %s: %s", a.job_id, collect(a.to_nodes),
+                            "; ".join(f"{n} is still held by job {j}" for n, j in onto),
+                            extra={"job": a.job_id, "action": a.kind.value, "reason": "nodes-not-freed"})
+                continue
             if onto:
                 self.events.deferred_launches += 1
                 book = self.books.get(a.job_id, Book())
@@ -681,7 +800,90 @@ class SlurmBackend:
         state = (out.strip().split("|") + ["", ""])[1]
         return state in ("PENDING", "")
 
+    def _free_members(self, a: Action, now: float, blocked: dict[str, str]) -> None:
+        """Stop the members of group ``a.job_id`` on the nodes the plan takes from it: a running
+        one is requeued held (its process leaves the group at the next step, the others re-form
+        and go on), a released one not started yet is held.  Write-ahead, like every write."""
+        gid = a.job_id
+        book = self.books.get(gid, Book())
+        placed = book.placed()
+        by_task = {m.task: m for m in self.groups[gid]}
+        stay = set(a.to_nodes)
+        tag = self.tags.get(gid)
+        for task, node in sorted(placed.items()):
+            m = by_task.get(task)
+            if node in stay or m is None:
+                continue
+            if not self._verify(gid, m):
+                blocked.setdefault(node, gid)
+                continue
+            del placed[task]
+            book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+                           launching=tuple(n for n in book.launching if n != node),
+                           running=tuple(n for n in book.running if n != node), last_change_s=now,
+                           paused_until_s=now + (tag.rescale_down_s if tag else 0.0), change_dir="down",
+                           change_hold_s=now, change_release_s=now, change_nodes=len(placed))
+            self._put(gid, book)
+            try:
+                if m.phase is Phase.RUNNING:
+                    self.runner.write(["scontrol", "requeuehold", m.job_id])
+                else:
+                    self.runner.write(["scontrol", "uhold", m.spec])
+            except SlurmCommandError as exc:
+                self.events.failed_actions += 1
+                blocked.setdefault(node, gid)
+                log.error("job %s: stopping member %s on %s failed: %s", gid, m.spec, node, exc)
+        if a.kind is ActionKind.STOP:
+            self.events.stops += 1
+        elif a.kind is ActionKind.SHRINK:
+            self.events.rescales += 1
+
+    def _launch_members(self, a: Action) -> None:
+        """Start a held member of group ``a.job_id`` on each node the plan adds (update its
+        ReqNodeList and StartTime, release it); the running members are not touched."""
+        now, gid = self.clock(), a.job_id
+        book = self.books.get(gid, Book())
+        placed = book.placed()
+        new = [n for n in a.to_nodes if n not in set(placed.values())]
+        spare = grp.spare(self.groups[gid], placed)
+        if len(spare) < len(new):
+            log.warning("job %s: %d node(s) planned but only %d held member(s) left to start", gid,
+                        len(new), len(spare), extra={"job": gid, "reason": "no spare member"})
+        tag = self.tags.get(gid)
+        started = 0
+        for m in spare:
+            if not new:
+                break
+            if not self._verify(gid, m):
+                continue         # refused: that member is not started; the next spare one may be
+            node = new.pop(0)
+            placed[m.task] = node
+            book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+                           launching=tuple(sorted({*book.launching, node})), launch_t=now, last_change_s=now,
+                           paused_until_s=now + (tag.rescale_up_s if tag else 0.0), change_dir="up",
+                           change_hold_s=now, change_release_s=now, change_nodes=len(a.to_nodes))
+            self._put(gid, book)
+            try:
+                self.runner.write(["scontrol", "update", f"JobId={m.spec}", f"ReqNodeList={node}", "StartTime=now"])
+                self.runner.write(["scontrol", "release", m.spec])
+            except SlurmCommandError as exc:
+                self.events.failed_actions += 1
+                del placed[m.task]
+                book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+                               launching=tuple(n for n in book.launching if n != node))
+                self._put(gid, book)
+                log.error("job %s: starting member %s on %s failed, it stays held: %s", gid, m.spec, node, exc)
+                continue
+            started += 1
+        if started and a.kind is ActionKind.START:
+            self.events.starts += 1
+        elif started:
+            self.events.rescales += 1
+
     def _launch(self, a: Action) -> None:
+        if a.job_id in self.groups:
+            self._launch_members(a)
+            return
         now = self.clock()
         book = self.books.get(a.job_id, Book())
         if a.kind is ActionKind.START and self.finished_work(a.job_id):

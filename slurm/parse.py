@@ -104,6 +104,14 @@ class JobRecord:
     restarts: int = 0
     plain: bool = True           # not an array or heterogeneous job (only plain jobs are adopted)
     run_id: str = ""             # this run's own id where Slurm gives one (26.05+: sluid; versions.py)
+    array_id: str = ""           # an array task (``%i`` is ``ARRAY_TASK``, read with ``squeue -r``): its array
+    task: int = -1               # ... and its task id (-1: not an array task)
+
+    @property
+    def spec(self) -> str:
+        """The id Slurm's commands take for this record: ``ARRAY_TASK`` for an array task (an
+        array's pending tasks share the array's own job id until one is started), else the id."""
+        return f"{self.array_id}_{self.task}" if self.array_id else self.job_id
 
     @property
     def phase(self) -> Phase:
@@ -183,6 +191,7 @@ _NODE_SUFFIX = "*~#!%$@^-"
 # arrays, so it is matched loosely and only tells whether the job is a plain one.
 _ID = re.compile(r"\d{1,12}")
 _SHOWN_ID = re.compile(r"[0-9_\[\]\-,:%+]{1,64}")
+_TASK = re.compile(r"(\d{1,12})_(\d{1,7})")       # one array task, as ``squeue -r`` shows each
 _WORD = re.compile(r"[A-Z_]{1,40}")
 _PARTS = re.compile(r"[A-Za-z0-9_.,\-]{1,400}")
 _NODES = re.compile(r"[A-Za-z0-9_.,\-\[\]()]{0,100000}")
@@ -210,9 +219,12 @@ def parse_squeue(text: str, bad: list[str] | None = None) -> list[JobRecord]:
             bad.append(line[:200])
             continue
         jid, shown, part, state, reason, count, nodes, start, sched, submit, user, uid = m.groups()
+        task = _TASK.fullmatch(shown)
         try:
             out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
-                                 expand(sched), _epoch(submit), _null(user), int(uid), plain=shown == jid))
+                                 expand(sched), _epoch(submit), _null(user), int(uid), plain=shown == jid,
+                                 array_id=task.group(1) if task else "",
+                                 task=int(task.group(2)) if task else -1))
         except BackendError:
             if bad is None:
                 raise
@@ -403,6 +415,7 @@ class Tag:
     rescale_down_s: float = 0.0
     metrics_dir: str = ""
     name: str = ""
+    group: bool = False     # an elastic group: a held array of 1-node members (issue #26)
 
     def encode(self) -> str:
         fields = [("token", self.token), ("min", self.min_nodes), ("max", self.max_nodes),
@@ -410,6 +423,8 @@ class Tag:
                   ("down", self.rescale_down_s), ("metrics", self.metrics_dir)]
         if self.name:
             fields.append(("name", self.name))
+        if self.group:
+            fields.append(("group", 1))
         return TAG + " " + " ".join(f"{k}={quote(str(v), safe='/.-_')}" for k, v in fields)
 
 
@@ -443,9 +458,11 @@ def parse_tag(comment: str) -> Tag | None:
         ints = [kv["min"], kv["max"]]
         if not all(x.isdigit() and len(x) <= 7 for x in ints):
             return None
+        if kv.get("group", "0") not in ("0", "1"):
+            return None
         tag = Tag(kv["token"], int(ints[0]), int(ints[1]), kv.get("profile", ""),
                   float(kv.get("up", 0)), float(kv.get("down", 0)), kv.get("metrics", ""),
-                  kv.get("name", ""))
+                  kv.get("name", ""), group=kv.get("group") == "1")
     except (KeyError, ValueError, UnicodeDecodeError):
         return None
     return None if tag_problem(tag) else tag

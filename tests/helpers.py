@@ -37,6 +37,7 @@ def job(name="a", submit=0, lo=1, hi=4, work=1000.0, up=0, down=0, profile="p", 
 # ---------------------------------------------------------------- a scripted Slurm CLI
 
 TAG = Tag("tok", 1, 4, "p", 2.0, 1.0, "").encode()
+GROUP_TAG = Tag("grp", 1, 3, "p", 0.5, 0.5, "", group=True).encode()
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
 
@@ -48,6 +49,14 @@ class FakeSlurm:
         self.nodes = {f"n{i}": "idle" for i in range(1, 5)}
         self.calls = []
         self.assoc = {}     # user -> GrpTRES text (sacctmgr), e.g. "node=2"
+        self.next_id = 1000  # ids of array tasks split off their array's record
+
+    def key(self, spec):
+        """The record a job id names: a plain job's id, an array task's ``A_T``, or the own id a
+        started task got (arrays: :func:`held_array`)."""
+        if spec in self.jobs:
+            return spec
+        return next((k for k, r in self.jobs.items() if r.get("id") == spec), spec)
 
     def __call__(self, argv, **kw):
         self.calls.append(argv)
@@ -56,17 +65,20 @@ class FakeSlurm:
         everything = "-t" in argv and argv[argv.index("-t") + 1] == "all"
         listed = {j: r for j, r in self.jobs.items() if everything or r["state"] not in ENDED}
         if cmd == "squeue" and "-j" in argv:
-            ids = argv[argv.index("-j") + 1].split(",")
+            ids = [self.key(x) for x in argv[argv.index("-j") + 1].split(",")]
             if len(ids) == 1 and ids[0] not in self.jobs:   # like slurmctld: one id it no longer holds
                 return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
             listed = {j: listed[j] for j in ids if j in listed}
+        if cmd == "squeue" and "-r" not in argv:    # like Slurm: an array's pending tasks show as one line
+            listed = _collapsed(listed)
         if cmd == "squeue" and argv[-1] == "%i|%U|%P|%k":
             out = "".join(f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" for j, r in listed.items())
         elif cmd == "squeue" and argv[-1] == "%i|%T|%r":
             out = "".join(f"{j}|{r['state']}|{r['reason']}\n" for j, r in listed.items())
         elif cmd == "squeue":
             out = "".join(
-                f"{j}|{r.get('shown', j)}|{r['partition']}|{r['state']}|{r['reason']}|{max(1, len(r['nodes']))}|"
+                f"{r.get('id', j)}|{r.get('shown', j)}|{r['partition']}|{r['state']}|{r['reason']}|"
+                f"{max(1, len(r['nodes']))}|"
                 f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
                 f"100|u|{r.get('uid', 1000)}\n" for j, r in listed.items())
         elif cmd == "sinfo" and "--version" in argv:
@@ -86,9 +98,11 @@ class FakeSlurm:
             assert argv[1:5] == ["-nP", "show", "assoc", "where"], argv     # as the real one takes them
             users = next(a for a in argv if a.startswith("users="))[len("users="):].split(",")
             out = "".join(f"{u}|{self.assoc.get(u, '')}\n" for u in users if u in self.assoc or u == "root")
-        elif cmd == "scancel":
-            self.end(argv[1], "CANCELLED")
-            self.jobs[argv[1]]["reason"] = "None"
+        elif cmd == "scancel":      # a job, or every task of an array
+            tasks = [k for k, r in self.jobs.items() if r.get("array") == argv[1]]
+            for k in [k for k in tasks if self.jobs[k]["state"] not in ENDED] if tasks else [self.key(argv[1])]:
+                self.end(k, "CANCELLED")
+                self.jobs[k]["reason"] = "None"
             out = ""
         else:
             raise AssertionError(argv)
@@ -96,6 +110,8 @@ class FakeSlurm:
 
     def _scontrol(self, args):
         verb, rest = args[0], args[1:]
+        if rest and "=" not in rest[0]:
+            rest = [self.key(rest[0]), *rest[1:]]
         if verb == "requeuehold":
             j = self.jobs[rest[0]]
             if j.get("requeue") is False:    # sbatch --no-requeue (Requeue=0): 22.05, 24.11, 26.05 alike
@@ -110,11 +126,24 @@ class FakeSlurm:
             if self.jobs[rest[0]]["state"] == "PENDING":
                 self.jobs[rest[0]].update(reason="JobHeldUser" if verb == "uhold" else "JobHeldAdmin")
         elif verb == "update":
-            kv = dict(a.split("=", 1) for a in rest)
-            self.jobs[kv["jobid"]]["req"] = kv["ReqNodeList"]
+            kv = {k.lower(): v for k, v in (a.split("=", 1) for a in rest)}
+            key = self.key(kv["jobid"])
+            self._split(key)
+            self.jobs[key]["req"] = kv["reqnodelist"]
         elif verb == "release":
+            self._split(rest[0])
             self.jobs[rest[0]].update(reason="None")
         return ""
+
+    def _split(self, key):
+        """Like slurmctld: an array task that is updated or released alone becomes a job record of
+        its own, with a new id, unless it is the array's last task on the shared record."""
+        r = self.jobs[key]
+        if r.get("array") and r.get("id") == r["array"]:
+            shared = [k for k, x in self.jobs.items() if x.get("array") == r["array"] and x.get("id") == r["array"]]
+            if len(shared) > 1:
+                self.next_id += 1
+                r["id"] = str(self.next_id)
 
     def end(self, jid, state):
         """The job ends (``FAILED``, ``COMPLETED``…): like Slurm, its nodes are idle again."""
@@ -135,6 +164,29 @@ class FakeSlurm:
                 j.update(state="RUNNING", nodes=tuple(hostlist.expand_hostlist(j["req"])))
                 for n in j["nodes"]:
                     self.nodes[n] = "allocated"
+
+
+def _collapsed(listed):
+    """squeue without -r: the pending tasks still on their array's record as one line (``7_[0-2,4]``)."""
+    out, shared = {}, {}
+    for k, r in listed.items():
+        if r.get("array") and r.get("id") == r["array"] and r["state"] == "PENDING":
+            shared.setdefault(r["array"], []).append((k, r))
+        else:
+            out[k] = r
+    for array, rows in shared.items():
+        tasks = ",".join(k.split("_")[1] for k, _ in rows)
+        out[rows[0][0]] = dict(rows[0][1], shown=f"{array}_[{tasks}]" if len(rows) > 1 else rows[0][0])
+    return out
+
+
+def held_array(fake, gid, tasks, comment=None, uid=1000, partition="scavenger"):
+    """``sbatch --array=0-(tasks-1) --hold``: tasks ``GID_T`` that share the array's job id until
+    one is updated or released (it then gets an id of its own, as in slurmctld)."""
+    for t in range(tasks):
+        fake.jobs[f"{gid}_{t}"] = dict(partition=partition, state="PENDING", reason="JobHeldUser", nodes=(),
+                                       comment=GROUP_TAG if comment is None else comment, uid=uid, array=gid,
+                                       id=gid, shown=f"{gid}_{t}")
 
 
 def held_job(fake, jid, comment=TAG, uid=1000):

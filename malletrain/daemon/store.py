@@ -99,6 +99,7 @@ class Store:
             d = json.loads(data)
             d["launching"] = tuple(d["launching"])
             d["running"] = tuple(d["running"])
+            d["members"] = tuple(d.get("members", ()))
             out[job] = Book(**d)
         return out
 

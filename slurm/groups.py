@@ -1,0 +1,86 @@
+"""Elastic groups (issue #26): a malleable job as a held job array of 1-node members.
+
+Slurm cannot grow a running job and preempts whole jobs, so an elastic job is one array whose
+tasks each take one node (``malletrain submit --elastic``).  Slurm then holds, starts, preempts
+and requeues each node's member on its own, while the training runtime re-forms its process
+group in place (:mod:`malletrain.runtime.elastic`).  The queue read (``squeue -r``) lists every
+task; :func:`fold` turns the tasks of one array in the harvest partition into a single record,
+the one the core sees: its id is the array's, its nodes are its running members' nodes.
+
+Member states, as the backend reads them (one line of ``squeue -r`` each):
+
+==========================  ================================================================
+member                      group
+==========================  ================================================================
+RUNNING on node n           n is one of the group's nodes
+PENDING, released by us     launching onto the node we chose (``Book.members``)
+PENDING, not released       preempted or requeued by Slurm: held again by the daemon
+PENDING held                a spare member: the next grow starts it on a node
+COMPLETING, REQUEUED, ...   leaving: its node is not the group's, nor harvestable yet
+ended                       not listed: a member's work ended ``done``, or it failed
+==========================  ================================================================
+
+The group's own state: RUNNING if any member runs, else COMPLETING while one leaves, else
+PENDING while one is launching, else held.  Pure: no I/O; imports ``slurm.parse`` only.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from malletrain.slurm.parse import JobRecord, Phase
+
+MAX_MEMBERS = 4096      # tasks of one array the daemon looks at (a tag's max nodes is far lower)
+
+
+def fold(records: Iterable[JobRecord], partition: str) -> tuple[list[JobRecord], dict[str, tuple[JobRecord, ...]]]:
+    """The queue's records with the array tasks of ``partition`` folded into one record per
+    array, and each array's members (by task id, at most :data:`MAX_MEMBERS`)."""
+    out: list[JobRecord] = []
+    tasks: dict[str, list[JobRecord]] = {}
+    for r in records:
+        if r.array_id and r.partition == partition and r.uid is not None:
+            tasks.setdefault(r.array_id, []).append(r)
+        else:
+            out.append(r)
+    groups: dict[str, tuple[JobRecord, ...]] = {}
+    for gid, members in tasks.items():
+        if len({m.uid for m in members}) != 1:      # one array has one owner: anything else is no group
+            continue
+        ordered = tuple(sorted(members, key=lambda m: m.task)[:MAX_MEMBERS])
+        groups[gid] = ordered
+        out.append(group_record(gid, ordered))
+    return out, groups
+
+
+def group_record(gid: str, members: tuple[JobRecord, ...]) -> JobRecord:
+    """The one record the daemon judges a group by (``members`` non-empty, one array)."""
+    phases = {m.phase for m in members}
+    running = [m for m in members if m.phase is Phase.RUNNING]
+    if running:
+        state, reason = "RUNNING", "None"
+    elif Phase.MOVING in phases:
+        state, reason = "COMPLETING", "None"
+    elif Phase.PENDING in phases:
+        state, reason = "PENDING", "None"
+    elif Phase.HELD in phases:
+        state, reason = "PENDING", "JobHeldUser"
+    else:
+        state, reason = "COMPLETED", "None"
+    nodes = tuple(n for m in running for n in m.nodes)
+    first = members[0]
+    starts = [m.start_s for m in running if m.start_s]
+    submits = [m.submit_s for m in members if m.submit_s]
+    return JobRecord(gid, first.partition, state, reason, max(1, len(nodes)), nodes,
+                     min(starts) if starts else None, (), min(submits) if submits else None,
+                     first.user, first.uid, restarts=0, plain=True)
+
+
+def member_on(members: Iterable[JobRecord], node: str) -> JobRecord | None:
+    """The running member on ``node``, if any."""
+    return next((m for m in members if m.phase is Phase.RUNNING and node in m.nodes), None)
+
+
+def spare(members: Iterable[JobRecord], placed: Iterable[int]) -> list[JobRecord]:
+    """Held members the daemon may start, lowest task first (none of those it placed)."""
+    taken = set(placed)
+    return [m for m in members if m.phase is Phase.HELD and m.task not in taken]

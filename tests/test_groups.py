@@ -1,0 +1,166 @@
+"""Elastic groups in the Slurm backend (issue #26): a malleable job as a held array of 1-node
+members, started, stopped and preempted one node at a time, against the scripted Slurm CLI
+(tests/helpers.py answers as real Slurm does; the live tier runs the same on real clusters)."""
+from __future__ import annotations
+
+from helpers import GROUP_TAG, TAG, FakeSlurm, held_array, held_job
+
+from malletrain.domain.config import DaemonConfig, SlurmConfig
+from malletrain.domain.model import Action, ActionKind, ReasonCode
+from malletrain.slurm.adapter import SlurmBackend
+from malletrain.slurm.groups import fold
+from malletrain.slurm.parse import Phase, Tag, parse_squeue, parse_tag
+from malletrain.slurm.runner import Runner
+
+
+def _backend(fake, **dc):
+    clock = {"t": 1000.0}
+    saved = {}
+    b = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None),
+                     SlurmConfig(), DaemonConfig(interval_s=2, rescale_wait_s=1, **dc),
+                     clock=lambda: clock["t"], save_book=lambda j, bk: saved.__setitem__(j, bk))
+    return b, clock, saved
+
+
+def _act(kind, frm, to):
+    return Action("50", kind, tuple(frm), tuple(to), "why", ReasonCode.GAIN)
+
+
+def _writes(fake):
+    return [c for c in fake.calls if c[0] in ("scontrol", "scancel") and c[1] not in ("-o", "show")]
+
+
+def _running(b, fake):
+    fake.run_pending()
+    (job,) = b.observe().snapshot.jobs
+    return job
+
+
+def test_the_group_tag_round_trips_and_a_bad_group_value_is_no_tag():
+    tag = Tag("t", 1, 3, group=True)
+    assert parse_tag(tag.encode()) == tag and "group=1" in tag.encode()
+    assert parse_tag(Tag("t", 1, 3).encode()).group is False and "group" not in Tag("t", 1, 3).encode()
+    assert parse_tag(tag.encode().replace("group=1", "group=yes")) is None
+
+
+def test_squeue_r_lines_name_the_array_and_task_and_fold_into_one_record_per_array():
+    text = ("50|50_2|scavenger|PENDING|JobHeldUser|1||N/A|(null)|100|u|1000\n"
+            "51|50_0|scavenger|RUNNING|None|1|n1|120|(null)|100|u|1000\n"
+            "52|50_1|scavenger|RUNNING|None|1|n3|110|(null)|100|u|1000\n"
+            "60|60_0|batch|PENDING|Priority|1||N/A|(null)|100|v|1001\n"
+            "70|70|scavenger|PENDING|JobHeldUser|2||N/A|(null)|100|u|1000\n")
+    recs = parse_squeue(text)
+    assert [(r.array_id, r.task, r.spec, r.plain) for r in recs] == [
+        ("50", 2, "50_2", False), ("50", 0, "50_0", False), ("50", 1, "50_1", False),
+        ("60", 0, "60_0", False), ("", -1, "70", True)]
+    out, groups = fold(recs, "scavenger")
+    assert [m.task for m in groups["50"]] == [0, 1, 2] and set(groups) == {"50"}
+    g = next(r for r in out if r.job_id == "50")
+    assert g.phase is Phase.RUNNING and g.nodes == ("n1", "n3") and g.start_s == 110 and g.plain
+    assert {r.job_id for r in out} == {"50", "60", "70"}      # another partition's array is left as it is
+
+
+def test_a_group_starts_grows_and_shrinks_one_member_per_node_and_never_restarts_the_others():
+    fake = FakeSlurm()
+    held_array(fake, "50", 4)
+    b, clock, saved = _backend(fake)
+    (job,) = b.observe().snapshot.jobs
+    assert job.job_id == "50" and job.nodes == () and job.spec.max_nodes == 3     # the tag's max (4 members)
+    b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
+    assert _writes(fake) == [["scontrol", "update", "JobId=50_0", "ReqNodeList=n1", "StartTime=now"],
+                             ["scontrol", "release", "50_0"],
+                             ["scontrol", "update", "JobId=50_1", "ReqNodeList=n2", "StartTime=now"],
+                             ["scontrol", "release", "50_1"]]
+    assert saved["50"].placed() == {0: "n1", 1: "n2"} and saved["50"].launching == ("n1", "n2")
+    clock["t"] += 2
+    (job,) = b.observe().snapshot.jobs
+    assert job.nodes == ("n1", "n2")                 # released, not started yet: still the group's
+    job = _running(b, fake)
+    assert job.nodes == ("n1", "n2") and b.books["50"].running == ("n1", "n2")
+    ids = {k: fake.jobs[k]["id"] for k in ("50_0", "50_1")}
+    assert len(set(ids.values())) == 2 and "50" not in ids.values()      # each started task: a job of its own
+    fake.calls.clear()
+    b.apply([_act(ActionKind.GROW, ("n1", "n2"), ("n1", "n2", "n4"))])
+    assert _writes(fake) == [["scontrol", "update", "JobId=50_2", "ReqNodeList=n4", "StartTime=now"],
+                             ["scontrol", "release", "50_2"]]          # no requeue of the running members
+    job = _running(b, fake)
+    assert job.nodes == ("n1", "n2", "n4")
+    fake.calls.clear()
+    b.apply([_act(ActionKind.SHRINK, ("n1", "n2", "n4"), ("n1", "n4"))])
+    assert _writes(fake) == [["scontrol", "requeuehold", ids["50_1"]]]    # only the member on n2
+    assert fake.jobs["50_0"]["state"] == "RUNNING" and fake.jobs["50_2"]["state"] == "RUNNING"
+    job = _running(b, fake)
+    assert job.nodes == ("n1", "n4")
+    fake.calls.clear()
+    b.apply([_act(ActionKind.STOP, ("n1", "n4"), ())])
+    assert sorted(c[2] for c in _writes(fake)) == sorted([ids["50_0"], fake.jobs["50_2"]["id"]])
+    assert b.events.starts == 1 and b.events.rescales == 2 and b.events.stops == 1
+    assert all(r["reason"] == "job requeued in held state" for k, r in fake.jobs.items() if k != "50_3")
+
+
+def test_a_preempted_member_is_held_again_and_only_its_node_leaves_the_group():
+    fake = FakeSlurm()
+    held_array(fake, "50", 3)
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1", "n2", "n3"))])
+    assert _running(b, fake).nodes == ("n1", "n2", "n3")
+    fake.jobs["50_1"].update(state="PENDING", reason="BeginTime", nodes=())    # Slurm requeued it alone
+    fake.nodes["n2"] = "allocated"                                             # the primary job's now
+    fake.calls.clear()
+    clock["t"] += 2
+    (job,) = b.observe().snapshot.jobs
+    assert job.nodes == ("n1", "n3") and b.events.preemptions == 1
+    assert fake.jobs["50_1"]["reason"] == "JobHeldUser"
+    assert [c for c in _writes(fake)] == [["scontrol", "uhold", "50_1"]]
+    assert fake.jobs["50_0"]["state"] == fake.jobs["50_2"]["state"] == "RUNNING"
+
+
+def test_a_member_whose_tag_changed_is_not_written_and_the_others_still_are():
+    fake = FakeSlurm()
+    held_array(fake, "50", 3)
+    b, clock, _ = _backend(fake)
+    b.observe()
+    fake.jobs["50_0"]["comment"] = GROUP_TAG.replace("grp", "other")     # its owner rewrote one member
+    b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
+    started = [c[2] for c in _writes(fake) if c[1] == "release"]
+    assert started == ["50_1", "50_2"] and b.events.refused_writes == 1     # the next spare members instead
+
+
+def test_only_arrays_carry_the_group_tag_and_only_group_tags_adopt_arrays():
+    fake = FakeSlurm()
+    held_array(fake, "50", 2, comment=TAG)             # an array with a plain job's tag
+    held_job(fake, "60", comment=GROUP_TAG)            # a plain job with a group's tag
+    held_array(fake, "70", 2)
+    b, _, _ = _backend(fake)
+    assert [j.job_id for j in b.observe().snapshot.jobs] == ["70"]
+
+
+def test_a_group_whose_work_is_done_has_its_held_members_cancelled():
+    fake = FakeSlurm()
+    held_array(fake, "50", 3)
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1",))])
+    _running(b, fake)
+    fake.end("50_0", "COMPLETED")                      # the work ended 'done' on the one running member
+    b.finished_work = lambda job: job == "50"
+    b.observe()
+    assert b.finished_queued == {"50"}
+    assert b.cancel_finished("50", "done")
+    assert {r["state"] for r in fake.jobs.values()} == {"CANCELLED", "COMPLETED"}
+    assert ["scancel", "50"] in fake.calls
+
+
+def test_a_steady_cycle_with_a_running_group_reads_three_commands_at_most():
+    fake = FakeSlurm()
+    held_array(fake, "50", 4)
+    b, clock, _ = _backend(fake, max_tag_reads=5)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
+    _running(b, fake)
+    _running(b, fake)
+    fake.calls.clear()
+    b.observe()
+    assert len(fake.calls) <= 3, fake.calls
+    assert ["squeue", "-h", "-a", "-r", "-o", fake.calls[0][-1]] == fake.calls[0]
