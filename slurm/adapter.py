@@ -682,7 +682,7 @@ class SlurmBackend:
         self._put(gid, replace(self.books.get(gid, Book()), members=(), launching=(), running=(),
                                last_change_s=self.clock()))
         for m in running:
-            self.runner.write(["scontrol", "requeuehold", m.job_id])
+            self.runner.write(["scontrol", "requeuehold", m.spec])
         self.events.recoveries += 1
         log.warning("job %s: %s (%d member(s) requeued held)", gid, why, len(running),
                     extra={"job": gid, "action": "requeue", "reason": why})
@@ -826,7 +826,7 @@ class SlurmBackend:
             self._put(gid, book)
             try:
                 if m.phase is Phase.RUNNING:
-                    self.runner.write(["scontrol", "requeuehold", m.job_id])
+                    self.runner.write(["scontrol", "requeuehold", m.spec])
                 else:
                     self.runner.write(["scontrol", "uhold", m.spec])
             except SlurmCommandError as exc:

@@ -83,25 +83,35 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
                      gpus_per_node: int, profile: str, time_limit: str | None,
                      rescale_up_s: float, rescale_down_s: float, metrics_dir: str,
                      partition: str, token: str, script_path: str, signal_s: int = 60,
-                     grace_s: float = 30.0, launch: str = "srun",
+                     grace_s: float = 30.0, launch: str = "srun", elastic: bool = False,
                      extra: list[str] | None = None) -> tuple[list[str], str]:
-    """The sbatch argv and the batch script (pure; golden-tested)."""
+    """The sbatch argv and the batch script (pure; golden-tested).
+
+    ``elastic``: the job is an elastic group (issue #26): a held array of ``max_nodes`` members
+    of one node each, every member one process of the training script (``RuntimeConfig(elastic=
+    True)``, its member id ``SLURM_ARRAY_TASK_ID``); the daemon starts and stops members one node
+    at a time and the running ones re-form in place."""
     if not command:
         raise InputError("no command given (put it after --)")
     if not 1 <= min_nodes <= max_nodes:
         raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {clipped(min_nodes)} and "
                          f"{clipped(max_nodes)}")
+    if elastic and launch == "torchrun":
+        raise InputError("--elastic runs one process per node (each member re-forms the group itself): "
+                         "use --launch srun or batch, not torchrun")
     tag = Tag(token, min_nodes, max_nodes, profile, rescale_up_s, rescale_down_s, metrics_dir,
-              name=name if name.isprintable() else "")
+              name=name if name.isprintable() else "", group=elastic)
     problem = tag_problem(tag)
     if problem:
         raise InputError(f"cannot make a malleable job of this: {problem}")
     check_job_values(gpus_per_node=gpus_per_node, grace_s=grace_s, time_limit=time_limit)
     # sbatch expands %x/%j in --output; a '%' of the directory itself is written %%
+    out = f"{metrics_dir.replace('%', '%%')}/" + ("%x-%A_%a.out" if elastic else "%x-%j.out")
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--partition={partition}",
-            f"--nodes={min_nodes}", "--exclusive", "--requeue", "--hold",
-            f"--signal=B:USR2@{signal_s}", "--open-mode=append",
-            f"--output={metrics_dir.replace('%', '%%')}/%x-%j.out", f"--comment={tag.encode()}"]
+            f"--nodes={1 if elastic else min_nodes}", "--exclusive", "--requeue", "--hold",
+            f"--signal=B:USR2@{signal_s}", "--open-mode=append", f"--output={out}", f"--comment={tag.encode()}"]
+    if elastic:
+        argv.insert(5, f"--array=0-{max_nodes - 1}")
     if gpus_per_node:
         argv.append(f"--gres=gpu:{gpus_per_node}")
     if time_limit:
@@ -109,7 +119,7 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
     argv += list(extra or [])
     argv.append(script_path)
     script = render_script(command, metrics_dir=metrics_dir, grace_s=grace_s, launch=launch,
-                           tasks_per_node=gpus_per_node or 1)
+                           tasks_per_node=1 if elastic else gpus_per_node or 1)
     return argv, script
 
 
@@ -143,15 +153,21 @@ def find_token(runner: Runner, token: str, partition: str, uid: int | None = Non
     (another user's comment cannot forge a match).
     """
     uid = os.getuid() if uid is None else uid
-    ids = runner.read(["squeue", "-h", "-a", "-u", str(uid), "-p", partition, "-o", "%i"]).split()
-    for jid in ids:
-        if not jid.isdigit():
+    ids = runner.read(["squeue", "-h", "-a", "-r", "-u", str(uid), "-p", partition, "-o", "%i"]).split()
+    seen: set[str] = set()
+    for jid in ids:       # a plain job's id, or an elastic group's member ARRAY_TASK (one read per array)
+        m = _JOB_OR_TASK.fullmatch(jid)
+        if m is None or m.group(1) in seen:
             continue
+        seen.add(m.group(1))
         rec = parse_tag_record(jid, runner.read(["squeue", "-h", "-j", jid, "-o", TAG_FORMAT]))
         tag = parse_tag(rec.comment) if rec is not None and rec.uid == uid else None
-        if tag is not None and tag.token == token:
-            return jid
+        if tag is not None and tag.token == token and tag.group == bool(m.group(2)):
+            return m.group(1)
     return None
+
+
+_JOB_OR_TASK = re.compile(r"(\d{1,12})(_\d{1,7})?")
 
 
 def user_env(runner: Runner) -> dict[str, str]:

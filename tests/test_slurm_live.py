@@ -573,6 +573,73 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
                  summary, tmp_path)
 
 
+def test_an_elastic_group_loses_one_member_to_a_preemption_and_grows_back_without_restarting_the_others(
+        clean, tmp_path):
+    """Issue #26 end to end on the host's release: ``malletrain submit --elastic`` (a held array of
+    1-node members, the reference CNN with ``RuntimeConfig(elastic=True)``), the daemon as the
+    operator account. It starts three members that form one group; a primary job that needs one
+    member's node stops that member alone (the daemon gives the node back ahead of Slurm's
+    preemption, or Slurm preempts that member: either way the other two keep their job ids,
+    never restart, and re-form in place); the daemon holds the preempted member and starts a spare one on the
+    free node, which joins the running group. The job ends with the parameters of an uninterrupted
+    single-process run, bitwise, and the daemon cancels the members still held after 'done'."""
+    from devtools.elastic_drill import reference_sha
+    cluster = clean
+    until = 1500
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ckpt = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "malletrain.runtime.reference", "--dir", str(ckpt), "--until", str(until),
+           "--report-s", "0", "--step-sleep-s", "0.03", "--elastic"]
+    out = subprocess.run(
+        [sys.executable, "-m", "malletrain", "submit", "--elastic", "--name", "elastic", "--min-nodes", "3",
+         "--max-nodes", "3", "--grace-s", str(GRACE_S), "--rescale-up", "0.5", "--rescale-down", "0.5",
+         "--launch", "batch", "--metrics-dir", str(tmp_path / "metrics"), "--", *cmd],
+        env=dict(cluster.env, PYTHONPATH=root, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip()
+    want = reference_sha(str(tmp_path), until)        # meanwhile nothing runs: the members are held
+
+    def members() -> dict[str, dict]:
+        text = cluster.sh("squeue", "-h", "-r", "-j", job, "-o", "%K|%A|%T|%N", check=False)
+        return {k: dict(id=a, state=t, node=n) for k, a, t, n in (ln.split("|") for ln in text.splitlines())}
+
+    def reforms() -> list[dict]:
+        return [r for r in metrics_records(tmp_path, job) if r["event"] == "reform"]
+
+    d = DaemonProc(tmp_path, cluster).start()
+    try:
+        wait_until(lambda: any(len(r["members"]) == 3 for r in reforms()), 180, "three members in one group")
+        first = {k: m for k, m in members().items() if m["state"] == "RUNNING"}
+        assert len(first) == 3, first
+        victim = max(first)
+        stay = sorted(set(first) - {victim})
+        seen = len(reforms())
+        prim = cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", "1", "-w", first[victim]["node"],
+                          "-o", "/dev/null", "--wrap", "sleep 15").strip()
+        wait_until(lambda: any(len(r["members"]) == 2 for r in reforms()[seen:]), 120,
+                   "the other two members to go on as a group")
+        wait_until(lambda: cluster.jobs().get(prim, {}).get("state") == "RUNNING", 60, "the primary job to run")
+        now = members()
+        for k in stay:       # never stopped: same job, still running, no restart
+            assert now[k]["state"] == "RUNNING" and now[k]["id"] == first[k]["id"], now
+            assert cluster.job_times(f"{job}_{k}")["Restarts"] == "0"
+        wait_until(lambda: any(r["kind"] == "grow" and len(r["members"]) == 3 for r in reforms()[seen:]), 120,
+                   "a spare member to join the running group on the free node")
+        wait_until(lambda: not members(), 300, "the job to finish and its held members to be cancelled")
+    finally:
+        d.stop()
+    outs = [p.read_text(errors="replace") for p in (tmp_path / "metrics").glob(f"elastic-{job}_*.out")]
+    shas = {ln.split()[1] for text in outs for ln in text.splitlines() if ln.startswith("sha256 ")}
+    assert shas == {want}, (shas, want)
+    recs = reforms()
+    for k in stay:
+        assert cluster.job_times(f"{job}_{k}")["Restarts"] == "0"
+    keep_figures("elastic-group-live.json", {
+        "job": job, "release": cluster.release,
+        "reforms": [{x: r.get(x) for x in ("kind", "members", "step", "pause_s")} for r in recs],
+        "bitwise_equal_to_uninterrupted": True}, tmp_path)
+
+
 TRAIN_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train")
 
 

@@ -303,6 +303,21 @@ def test_submission_matches_golden():
         assert script == fh.read()
 
 
+def test_an_elastic_submission_is_a_held_array_of_one_node_members_with_one_process_each():
+    argv, script = build_submission(
+        ["python", "train.py"], name="cnn", min_nodes=2, max_nodes=4, gpus_per_node=4, profile="cnn",
+        time_limit=None, rescale_up_s=1, rescale_down_s=1, metrics_dir="/home/u/m", partition="scavenger",
+        token="0123456789abcdef", script_path="/home/u/m/job-0123456789abcdef.sbatch", elastic=True)
+    with open(os.path.join(GOLDEN, "submit-elastic.argv.json")) as fh:
+        assert argv == json.load(fh)
+    assert "--array=0-3" in argv and "--nodes=1" in argv and parse.parse_tag(argv[-3][len("--comment="):]).group
+    assert "srun --ntasks-per-node=1 python train.py" in script      # one process per member, 4 GPUs or not
+    with pytest.raises(InputError, match="torchrun"):
+        build_submission(["python", "t.py"], name="x", min_nodes=1, max_nodes=2, gpus_per_node=0, profile="x",
+                         time_limit=None, rescale_up_s=1, rescale_down_s=1, metrics_dir="/m", partition="p",
+                         token="t", script_path="/m/s", launch="torchrun", elastic=True)
+
+
 # ---------------------------------------------------------------- service bits
 
 def test_json_logs_metrics_and_notify(tmp_path):

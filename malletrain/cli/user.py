@@ -84,14 +84,16 @@ def cmd_submit(args) -> int:
     spec = dict(name=args.name, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
                 gpus_per_node=args.gpus_per_node, profile=args.profile or profile_name(args.name),
                 time_limit=args.time, rescale_up_s=args.rescale_up, rescale_down_s=args.rescale_down,
-                grace_s=args.grace_s, launch=args.launch)
+                grace_s=args.grace_s, launch=args.launch, elastic=args.elastic)
     # every check first: a bad flag writes nothing and runs no sbatch
     build_submission(command, metrics_dir=metrics_dir, partition=cfg.slurm.partition, token=token,
                      script_path=os.path.join(metrics_dir, f"job-{token}.sbatch"), **spec)
     make_dir(metrics_dir)
     job = submit_job(_runner(cfg), cfg.slurm.partition, command, token=token, metrics_dir=metrics_dir, **spec)
     print(job)
-    print(f"malletrain: submitted job {job} held in {cfg.slurm.partition}; the daemon starts it "
+    what = (f"elastic job {job} ({args.max_nodes} held 1-node members, {job}_0..{job}_{args.max_nodes - 1})"
+            if args.elastic else f"job {job}")
+    print(f"malletrain: submitted {what} held in {cfg.slurm.partition}; the daemon starts it "
           f"on idle nodes. Progress: {metrics_dir}/{job}.jsonl", file=sys.stderr)
     return 0
 
@@ -417,6 +419,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "(as many workers as srun would start), rendezvous and port from the job, "
                         "the stop signal and grace time passed to the workers (COMMAND: python "
                         "SCRIPT.py ARGS or python -m MODULE ARGS)")
+    s.add_argument("--elastic", action="store_true",
+                   help="rescale in place (issue #26): submit a held array of --max-nodes members of one "
+                        "node each, one process per member; the daemon starts and stops members one node "
+                        "at a time and a Slurm preemption stops only the members on the nodes it takes, "
+                        "while the running members re-form without a restart. The script must use "
+                        "RuntimeConfig(elastic=True) (README: 'Rescaling in place')")
     s.add_argument("--metrics-dir", help="shared directory for progress files and output "
                                          "(default $MALLETRAIN_METRICS_DIR or ~/.malletrain/metrics)")
     s.add_argument("--config", help=f"daemon config (default $MALLETRAIN_CONFIG or {DEFAULT_CONFIG})")

@@ -554,10 +554,12 @@ class ElasticRuntime(Runtime):
 
     def _retarget_metrics(self) -> None:
         """Rank 0 writes the progress records: a member that became or stopped being rank 0
-        gets a new writer."""
+        gets a new writer; every record names the group's size after the change."""
         if (self.info.rank == 0) != (self.metrics.path is not None):
             self.metrics.close()
             self.metrics = self._metrics_writer(member=self.member)
+        # the records name the group's size now (one member per node): the daemon's JPA learns from it
+        self.metrics.base.update(world=self.info.world, nodes=self.info.nodes)
 
     def _record(self, kind: str, since: float) -> None:
         """One change done: its pause (from ``since``: the last applied step, or a joiner's

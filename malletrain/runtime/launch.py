@@ -77,7 +77,8 @@ def default_port(job: str, restart: int) -> int:
 
 def discover(env: Mapping[str, str], *, mpi_master: str | None = None) -> DistInfo:
     """The process's place in the job, from launcher environment variables."""
-    job = env.get("SLURM_JOB_ID") or env.get("MALLETRAIN_JOB") or "local"
+    # an elastic group's member (one task of a job array) is part of the array's job
+    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("MALLETRAIN_JOB") or "local"
     restart = _int(env, "SLURM_RESTART_COUNT", _int(env, "MALLETRAIN_RESTART", 0))
     nodes = _int(env, "SLURM_JOB_NUM_NODES", _int(env, "SLURM_NNODES", 1))
     node = env.get("SLURMD_NODENAME") or env.get("HOSTNAME") or "localhost"
