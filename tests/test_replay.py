@@ -167,3 +167,36 @@ def test_shipped_example_replays(tmp_path):
                  "--end", "2017-10-10T03:00:00Z"])
     s, _ = load(out)
     assert code == 0 and s["harvested_fraction"] > 0.05 and s["useful_samples"] > 0
+
+
+def test_an_elastic_jobs_preemption_costs_its_shrink_pause_not_the_restart_pause(tmp_path):
+    """Issue #26: an elastic job's members re-form in place, so losing a node pauses it for the
+    measured shrink pause (here 0.5 s) instead of the workload's rescale_down_s (4 s)."""
+    rows = [(0, "n0", "idle"), (0, "n1", "idle"), (10, "n1", "busy"), (500, "n0", "idle")]
+    code, out = replay(tmp_path, rows, [job(work=1e9, lo=1, hi=2, up=0, down=4, thr={1: 10.0, 2: 20.0})],
+                       "--policy", "oracle", "--elastic", "0.25,0.5")
+    s, _ = load(out)
+    assert code == 0 and s["preemptions"] == 1
+    assert s["lost_samples"] == pytest.approx(0.5 * 20.0)
+    assert s["useful_samples"] == pytest.approx(200 + 10 * (501 - 10.5), rel=1e-9)
+
+
+def test_an_elastic_grow_pauses_the_survivors_while_the_joiners_start_and_a_start_is_a_restart():
+    """The sim's elastic grow loses what the real one does: GROW s at the old size, then the old
+    rate while the joiners start (rescale_up_s), as a pause at the new rate of that many samples."""
+    from malletrain.domain.model import Action, ActionKind, JobSpec, ReasonCode
+    from malletrain.replay.sim import SimCluster
+
+    def run(elastic):
+        sim = SimCluster(["a", "b", "c"], [False] * 3, 0.0, elastic=elastic)
+        sim.admit(JobSpec("j", 1, 3, 30.0, 10.0, "p", 0.0, "j"), lambda n: 10.0 * n, 1e9)
+        sim.apply([Action("j", ActionKind.START, (), ("a", "b"), "", ReasonCode.GAIN)])
+        sim.advance(100.0)
+        sim.apply([Action("j", ActionKind.GROW, ("a", "b"), ("a", "b", "c"), "", ReasonCode.GAIN)])
+        sim.advance(200.0)
+        return sim.jobs["j"].done
+
+    # the start from no nodes pays rescale_up_s (30 s) either way
+    assert run(None) == pytest.approx(20 * 70 + 30 * (100 - 30))
+    # elastic: 0.05 s for everyone, then 30 s at 20/s while the third member starts, then 30/s
+    assert run((0.05, 0.04)) == pytest.approx(20 * 70 + 20 * 30 + 30 * (100 - 30.05))

@@ -53,7 +53,8 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
                   max_jobs: int | None = None, noise: float = 0.05, interval_s: float = 30.0,
                   progress: bool = True, core: dict | None = None, bound: bool = False,
                   plain: bool = False, seeds: int = 1, clairvoyant: bool = False,
-                  planned_lead_s: float | None = None) -> Report:
+                  planned_lead_s: float | None = None,
+                  elastic: tuple[float, float] | None = None) -> Report:
     """Every policy on one trace and workload (same seeds and noise).  ``lost+pause``: samples
     lost to preemptions plus those lost to rescale pauses (at the old rate).  With ``seeds`` > 1
     every row is the mean over seeds 0..seeds-1 (± the standard deviation): one seed's
@@ -82,7 +83,7 @@ def bench_quality(trace_path: str, workload_path: str, policies: Sequence[str], 
             opts = ReplayOptions(core=CoreConfig(policy=policy, **run.knobs), interval_s=interval_s,
                                  max_jobs=max_jobs, noise=noise, seed=seed, quiet=True,
                                  window_oracle=run.window_oracle, rescale_guess=run.told,
-                                 planned_lead_s=run.planned_lead_s)
+                                 planned_lead_s=run.planned_lead_s, elastic=elastic)
             s = run_replay(trace, run.jobs, opts).summary
             rows.append({**s.to_dict(), "label": label})
             got.append(s)

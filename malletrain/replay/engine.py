@@ -57,6 +57,8 @@ class ReplayOptions:
     planned_lead_s: float | None = None
     # node -> (topology group, slowdown): the site's per-node facts (nodes.py; none: all alike)
     node_info: Mapping[str, tuple[str, float]] | None = None
+    # every job rescales in place (issue #26): (grow_s, shrink_s) survivors' pauses (sim.py); None: restarts
+    elastic: tuple[float, float] | None = None
 
 
 class Unfolding(Protocol):
@@ -194,7 +196,7 @@ def run_replay(trace: NodeTrace, workload: list[WorkloadJob], opts: ReplayOption
             arrivals.append(spec)
     arrivals.sort(key=lambda s: (s.submit_s, s.job_id))
     sim = SimCluster(trace.nodes, trace.initial_busy, trace.start_s, seed=opts.seed, noise=opts.noise,
-                     node_info=opts.node_info)
+                     node_info=opts.node_info, elastic=opts.elastic)
     source = CurveSource(core, truths)
     forecast = ForecastSource(core, {j: RescaleCost(*p) for j, p in pauses.items()})
     order = node_order(trace)

@@ -13,6 +13,11 @@ Semantics (issue #2 / DESIGN.md):
 * every pause (start, grow, shrink, preemption) is measured by the job and
   reported once it is over (:meth:`SimCluster.pauses`), with the same relative
   noise as its throughput samples: the rescale-cost learner's input.
+* elastic jobs (issue #26; ``elastic=(grow_s, shrink_s)``): a shrink or a preemption that leaves a
+  job running pauses it ``shrink_s`` (its members re-form in place); a grow pauses the survivors
+  ``grow_s`` and the new nodes do no work for the joiners' ``rescale_up_s`` (they start their
+  processes while the others train on), applied as the pause at the new rate that loses the same
+  samples, ``grow_s + rescale_up_s * (new - old) / new``; a start from no nodes is a restart, as today.
 The pauses the sim applies are the workload's (``true_up_s``/``true_down_s``);
 the job's :class:`JobSpec` carries what the policy is told (the truth, or a
 guess it must learn from).
@@ -81,8 +86,10 @@ class SimCluster:
 
     def __init__(self, node_names: Sequence[str], initial_busy: Iterable[bool],
                  now_s: float, *, seed: int = 0, noise: float = 0.0,
-                 node_info: Mapping[str, tuple[str, float]] | None = None) -> None:
+                 node_info: Mapping[str, tuple[str, float]] | None = None,
+                 elastic: tuple[float, float] | None = None) -> None:
         self.now = now_s
+        self.elastic = elastic          # (grow_s, shrink_s): every job rescales in place
         self.node_info = dict(node_info or {})     # node -> (topology group, slowdown)
         self.busy = {n: bool(b) for n, b in zip(node_names, initial_busy)}
         self.pool: dict[str, Node] = {n: self._node(n) for n, b in self.busy.items() if not b}
@@ -205,10 +212,11 @@ class SimCluster:
             old_rate = job.rate                       # its rate before the loss
             self.counters.preemptions += 1
             job.preemptions += 1
-            self.counters.lost_samples += job.true_down_s * old_rate
+            down = self.elastic[1] if self.elastic and job.nodes else job.true_down_s
+            self.counters.lost_samples += down * old_rate
             if len(job.nodes) >= job.spec.min_nodes:
-                job.paused_until = max(job.paused_until, self.now + job.true_down_s)
-                self._pause(jid, Direction.DOWN, job.true_down_s)
+                job.paused_until = max(job.paused_until, self.now + down)
+                self._pause(jid, Direction.DOWN, down)
             else:
                 self._release(job)
             job.rate = self._rate(job)
@@ -224,6 +232,19 @@ class SimCluster:
         self.jobs[spec.job_id] = SimJob(spec, truth, work, true_up_s=up, true_down_s=down,
                                         admitted_at=self.now, last_change=self.now, sensitivity=sensitivity,
                                         topology_penalty=topology_penalty)
+
+    def _elastic_pause(self, job: SimJob, old_rate: float, up: bool, added: int) -> float:
+        """An elastic job's pause for a change from a running size (module docstring).  A move
+        (as many nodes, ``added`` of them new) is a shrink and a grow whose joiners' start idles
+        their share of the nodes."""
+        assert self.elastic is not None
+        grow_s, shrink_s = self.elastic
+        if up:
+            gain = max(0.0, job.rate - old_rate) / job.rate if job.rate > 0 else 0.0
+            return grow_s + job.true_up_s * gain
+        if added:
+            return shrink_s + grow_s + job.true_up_s * added / max(1, len(job.nodes))
+        return shrink_s
 
     def _pause(self, jid: str, direction: Direction, pause_s: float) -> None:
         """The job will measure this pause once it is over."""
@@ -311,7 +332,9 @@ class SimCluster:
                 self.counters.stops += 1
                 continue
             up = len(job.nodes) > old
-            pause = job.true_up_s if up else job.true_down_s
+            added = len(set(a.to_nodes) - set(a.from_nodes))
+            pause = self._elastic_pause(job, old_rate, up, added) if self.elastic and old else \
+                job.true_up_s if up else job.true_down_s
             if a.kind == ActionKind.START:
                 self.counters.starts += 1
                 if job.first_start is None:
