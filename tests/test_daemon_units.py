@@ -83,6 +83,46 @@ def test_a_size_change_is_measured_from_its_hold_to_the_first_step_of_the_new_ru
     assert p.pause_s == 20.0                             # at most until the daemon read it
 
 
+def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_path):
+    """Issue #26: a group's members re-form in place, so what a change costs is the survivors'
+    pause (a shrink) plus, for a grow, the joiner's start from the release, charged for the share
+    of the new size it idled; never the time from the hold to the first record at the new size
+    (the joiner's own start under Slurm, seconds, which the survivors did not wait for)."""
+    from malletrain.core.backend import SizeChange
+    from malletrain.domain.model import Direction
+    path = tmp_path / "7.jsonl"
+
+    def reform(t, kind, nodes, pause_s):
+        with open(path, "a") as fh:
+            fh.write(json.dumps(dict(t=t, job="7", samples=0, nodes=nodes, restart=0, event="reform", kind=kind,
+                                     pause_s=pause_s, members=list(range(nodes)))) + "\n")
+    progress(path, 90.0, 0.0, nodes=2)
+    progress(path, 91.0, 100.0, nodes=2)
+    src = ProgressSource(ProgressTail())
+
+    def poll(now, change):
+        facts = {"7": JobFacts("p", "alice", str(path), uid=os.getuid(), change=change)}
+        src.poll(Observation(Snapshot(now, (), ()), (), facts))
+        return [(p.direction, round(p.pause_s, 4)) for p in src.pauses()]
+    assert poll(95.0, None) == []
+    grow = SizeChange(Direction.UP, hold_s=100.0, release_s=100.0, nodes=3)
+    reform(106.0, "grow", 3, 0.05)           # the joiner started for 6 s; the others paused 0.05 s
+    progress(path, 106.5, 200.0, nodes=3)
+    progress(path, 107.0, 300.0, nodes=3)
+    assert poll(110.0, grow) == [(Direction.UP, round(0.05 + 6.0 / 3, 4))]
+    reform(111.0, "grow", 4, 0.04)           # a second admission for the same change: measured once
+    assert poll(112.0, grow) == []
+    shrink = SizeChange(Direction.DOWN, hold_s=120.0, release_s=120.0, nodes=3)
+    reform(121.0, "shrink", 3, 0.038)
+    reform(125.0, "loss", 2, 0.2)            # not a change the daemon makes
+    progress(path, 126.0, 400.0, nodes=2)
+    assert poll(130.0, shrink) == [(Direction.DOWN, 0.038)]
+    reform(131.0, "shrink", 1, 5e4)          # a claim beyond max_pause_s is cut to it
+    reform(131.5, "shrink", 1, 5e9)          # one beyond any pause is no measurement
+    reform(131.6, "shrink", 1, "0")          # nor is one that is not a number
+    assert poll(132.0, shrink) == [(Direction.DOWN, 3600.0)]
+
+
 def test_daemon_seeds_the_advisor_from_its_store(tmp_path):
     state = tmp_path / "state"
     store = Store(str(state / "state.db"))

@@ -585,7 +585,7 @@ def test_an_elastic_group_loses_one_member_to_a_preemption_and_grows_back_withou
     single-process run, bitwise, and the daemon cancels the members still held after 'done'."""
     from devtools.elastic_drill import reference_sha
     cluster = clean
-    until = 1500
+    until = 1000
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ckpt = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "malletrain.runtime.reference", "--dir", str(ckpt), "--until", str(until),

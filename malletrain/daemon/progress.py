@@ -53,11 +53,14 @@ from typing import Protocol
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.files import Hanging, PathWorkers, Refused, TimedOut, open_as_owner
-from malletrain.domain.model import MAX_PROMISE, MIN_PROMISE, PauseSample, Sample
+from malletrain.domain.model import MAX_PAUSE_S, MAX_PROMISE, MIN_PROMISE, Direction, PauseSample, Sample
 
 log = logging.getLogger("malletrain.progress")
 
-EVENTS = ("start", "progress", "checkpoint", "metric", "exit")
+EVENTS = ("start", "progress", "checkpoint", "metric", "exit", "reform")
+# an elastic group's re-formings (runtime/elastic.py): the survivors' pause of a planned change
+REFORM_KINDS = ("grow", "shrink", "change", "loss", "join")
+MAX_REFORMS_READ = 64      # re-forming records kept per file and poll (the rest are not measured)
 FINAL_REASONS = ("done", "pruned", "failed")     # an exit record with one of these: the job is over
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
 
@@ -111,6 +114,9 @@ class TailState:
     new_runs: list = field(default_factory=list)   # (restart, nodes, t) of runs first seen this poll
     measured: float | None = None   # hold_s of the size change whose pause was measured from this file
     promise: float | None = None    # the last ``metric`` record's promise (a campaign trial's rungs survived)
+    elastic: bool = False        # the file holds re-forming records: its job rescales in place
+    new_reforms: list = field(default_factory=list)   # (kind, pause_s, t, nodes, nodes before) this poll
+    group_nodes: int = 0         # the group's size in its last progress or re-forming record
 
 
 @dataclass
@@ -282,6 +288,12 @@ class ProgressTail:
             records += 1
             if rec["event"] == "metric" and rec["promise"] is not None:
                 st.promise = rec["promise"]
+            if rec["event"] == "reform" and rec["kind"] is not None and rec["pause_s"] is not None:
+                st.elastic = True
+                if len(st.new_reforms) < MAX_REFORMS_READ:
+                    st.new_reforms.append((rec["kind"], rec["pause_s"], rec["t"], rec["nodes"], st.group_nodes))
+            if rec["event"] in ("reform", "progress") and rec["nodes"] >= 1:
+                st.group_nodes = rec["nodes"]
             if rec["event"] == "start":
                 st.done = False
             elif rec["event"] == "exit":     # final only when it names this job (not a stale file's)
@@ -345,7 +357,10 @@ class ProgressTail:
         step_s = _number(rec.get("step_s"), 0.0, MAX_STEP_S)
         promise = _number(rec.get("promise"), MIN_PROMISE, MAX_PROMISE)
         job = rec.get("job")
+        kind = rec.get("kind")
+        pause = _number(rec.get("pause_s"), 0.0, MAX_PAUSE_S)
         return {"event": rec.get("event", "progress"), "job": job if isinstance(job, str) else None,
+                "kind": kind if kind in REFORM_KINDS else None, "pause_s": None if pause is None else float(pause),
                 "t": float(t), "samples": float(samples),
                 "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason"),
                 "step_s": None if step_s is None else float(step_s),
@@ -448,6 +463,26 @@ class ProgressSource:
         """Rescale pauses measured since the last call."""
         out, self._pauses = tuple(self._pauses), []
         return out
+
+    def _measure_reforms(self, job: str, facts: JobFacts, st: TailState) -> None:
+        """An elastic group's planned changes (issue #26): a shrink costs the survivors' pause; a
+        grow costs theirs plus the joiners' start (from the daemon's release to the re-forming),
+        during which the joiners' share of the new size did no work, as one pause at the new
+        size, the way the replay charges it (replay/sim.py).  Losses, joins seen by a joiner
+        and mixed changes are not decisions the daemon makes: not measured.  Bounded like every
+        measurement: within ``max_pause_s`` and no later than the read."""
+        reforms, st.new_reforms = st.new_reforms, []
+        ch = facts.change
+        for kind, pause_s, t, nodes, before in reforms:
+            if kind == "shrink":
+                self._pauses.append(PauseSample(job, Direction.DOWN, min(pause_s, self.max_pause_s), self._now))
+            elif (kind == "grow" and ch is not None and ch.direction is Direction.UP and nodes >= 1
+                  and st.measured != ch.hold_s and t >= ch.release_s):      # once per change
+                st.measured = ch.hold_s
+                start = min(max(0.0, min(t, self._now) - ch.release_s), self.max_pause_s)
+                share = max(1, nodes - before) / nodes if before else 1.0
+                self._pauses.append(PauseSample(job, Direction.UP, min(self.max_pause_s, pause_s + start * share),
+                                                self._now))
 
     def _measure(self, job: str, facts: JobFacts, st: TailState) -> None:
         """The pause of the job's latest size change, from the first record of its new run."""
@@ -566,8 +601,13 @@ class ProgressSource:
             return TailRead(ReadStatus.REFUSED)
         out += r.samples
         st = self.tail.files.get(facts.progress_path)
+        if st is not None and st.new_reforms:
+            self._measure_reforms(job, facts, st)
         if st is not None and st.new_runs:
-            self._measure(job, facts, st)
+            if st.elastic:          # its changes are measured from its re-forming records
+                st.new_runs = []
+            else:
+                self._measure(job, facts, st)
         return r
 
     def _final(self, job: str, facts: JobFacts, out: list[Sample], cap: int, used: dict[str, _Used]) -> None:
