@@ -611,6 +611,12 @@ def test_an_elastic_group_loses_one_member_to_a_preemption_and_grows_back_withou
         wait_until(lambda: any(len(r["members"]) == 3 for r in reforms()), 180, "three members in one group")
         first = {k: m for k, m in members().items() if m["state"] == "RUNNING"}
         assert len(first) == 3, first
+        from malletrain.daemon.status import read_status
+
+        def shown_running() -> int:       # what `malletrain status` shows of the group
+            job_st = read_status(str(d.state_dir / "status.json")).job(job)
+            return sum(m.state == "running" for m in job_st.members) if job_st else 0
+        wait_until(lambda: shown_running() == 3, 30, "the status to show three running members")
         victim = max(first)
         stay = sorted(set(first) - {victim})
         seen = len(reforms())

@@ -11,6 +11,7 @@ from malletrain.daemon.status import (
     DaemonStatus,
     JobStatus,
     Measured,
+    Member,
     read_status,
     write_status,
 )
@@ -52,6 +53,27 @@ def test_explain_lists_every_count_still_to_measure(tmp_path, capsys):
     assert read_status(str(tmp_path / "status.json")).jobs[0].probes == ()
     assert main(["explain", "17", "--state-dir", str(tmp_path)]) == 0
     assert "still to measure at 2 node(s)" in capsys.readouterr().out
+
+
+def test_an_elastic_groups_members_round_trip_and_show_in_status_and_explain(tmp_path, capsys):
+    import dataclasses
+
+    from malletrain.cli.main import main
+    st = sample_status()
+    members = (Member(0, "18", "running", "n1"), Member(1, "19", "running", "n2"), Member(2, "17", "held", ""))
+    job = dataclasses.replace(st.jobs[0], members=members)
+    write_status(str(tmp_path / "status.json"), dataclasses.replace(st, jobs=(job,)))
+    assert read_status(str(tmp_path / "status.json")).jobs[0].members == members
+    assert main(["status", "--state-dir", str(tmp_path)]) == 0
+    assert "elastic group: 2 running (n1 n2), 1 held" in capsys.readouterr().out
+    assert main(["explain", "17", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "elastic group of 3 one-node member(s)" in out and "member 2: job 17, held" in out
+    doc = json.loads((tmp_path / "status.json").read_text())
+    doc["jobs"][0]["members"] = [{"task": "x", "job": 1, "state": None, "node": ""}]
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError):
+        read_status(str(tmp_path / "status.json"))
 
 
 def test_missing_malformed_or_other_schema_is_an_input_error(tmp_path):

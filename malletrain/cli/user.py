@@ -155,6 +155,17 @@ def _status_lines(st: DaemonStatus):
                f"{str(j.min_nodes) + '-' + str(j.max_nodes):>6} "
                f"{collect(j.nodes) if j.nodes else '-':<12} {_rate(meas):>10} "
                f"{_rate(j.predicted):>11}  {last}")
+        if j.members:
+            yield f"{'':>7} elastic group: {_members(j.members)}"
+
+
+def _members(members) -> str:
+    """An elastic group's members in one line: ``3 running (n1 n2 n4), 1 held``."""
+    by: dict[str, list[str]] = {}
+    for m in members:
+        by.setdefault(m.state, []).append(shown(m.node) if m.node else f"{m.task}")
+    return ", ".join(f"{len(v)} {state}" + (f" ({' '.join(v)})" if state == "running" else "")
+                     for state, v in sorted(by.items(), key=lambda kv: kv[0] != "running"))
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -175,6 +186,10 @@ def _explain_lines(job):
            f"(Slurm {job.slurm_state}, {job.slurm_reason or 'no reason'}) on "
            f"{job.size} node(s), allowed {job.min_nodes}-{job.max_nodes}")
     yield f"why: {job.reason or 'no decision yet'}" + (f" [{job.reason_code}]" if job.reason_code else "")
+    if job.members:
+        yield f"elastic group of {len(job.members)} one-node member(s): {_members(job.members)}"
+        for m in job.members:
+            yield f"  member {m.task}: job {shown(m.job)}, {m.state}" + (f" on {shown(m.node)}" if m.node else "")
     if job.measured:
         m = job.measured
         yield f"measured: {m.samples_per_s:.4g} samples/s on {m.nodes} node(s)"

@@ -38,6 +38,7 @@ from malletrain.daemon.status import (
     DaemonStatus,
     JobStatus,
     Measured,
+    Member,
     Rescale,
     write_status,
 )
@@ -488,7 +489,9 @@ class Daemon:
                 reason=gave_up or (why.reason if why else ""),
                 reason_code=ReasonCode.GAVE_UP.value if gave_up else (why.code.value if why else ""),
                 last_action=hist[-1] if hist else None, history=tuple(hist),
-                progress_skipped=self.tail.counters.by_job.get(jid, 0), rescale=rescale))
+                progress_skipped=self.tail.counters.by_job.get(jid, 0), rescale=rescale,
+                members=tuple(Member(m.task, m.job_id, m.phase.value, m.nodes[0] if m.nodes else "")
+                              for m in b.groups.get(jid, ()))))
         e, tc = b.events, self.tail.counters
         return DaemonStatus(
             t=self.clock(), cycle=self.cycle, slurm_up=self.slurm_down_since is None,

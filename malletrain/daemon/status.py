@@ -56,6 +56,16 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Member:
+    """One member of an elastic group (issue #26): its array task, the job id Slurm gave it, its
+    malletrain phase and node (empty unless running)."""
+    task: int
+    job: str
+    state: str
+    node: str
+
+
+@dataclass(frozen=True)
 class JobStatus:
     job: str
     name: str
@@ -80,6 +90,7 @@ class JobStatus:
     progress_skipped: int = 0       # this job's progress lines skipped and file refusals
     rescale: Rescale | None = None  # learned vs. configured rescale pauses
     probes: tuple[int, ...] = ()    # … and all of them: a cycle probes at the largest its share reaches
+    members: tuple[Member, ...] = ()  # an elastic group's members (empty for a plain job)
 
 
 @dataclass(frozen=True)
@@ -178,7 +189,8 @@ def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
         j, nodes=tuple(j["nodes"]), probes=tuple(j.get("probes", ())),
         measured=None if j["measured"] is None else _build(Measured, j["measured"]),
         last_action=change(j["last_action"]), history=tuple(_build(Change, h) for h in j["history"]),
-        rescale=None if j.get("rescale") is None else _build(Rescale, j["rescale"])))
+        rescale=None if j.get("rescale") is None else _build(Rescale, j["rescale"]),
+        members=tuple(_build(Member, m) for m in j.get("members", ()))))
         for j in doc["jobs"])
     lc = doc["last_cycle"]
     oc = doc.get("outcomes")
