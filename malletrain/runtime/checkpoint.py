@@ -28,7 +28,9 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from malletrain.domain.safefile import create_exclusive
@@ -193,3 +195,43 @@ def _fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def snapshot(value):
+    """A copy of a state dict that training can no longer change: every tensor cloned to the
+    CPU, every dict, list and tuple rebuilt (numbers and strings are immutable)."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value
+
+
+class BackgroundSave:
+    """One checkpoint written by a thread from a :func:`snapshot`; :meth:`wait` joins it and says
+    whether it was written (its error is logged by the thread)."""
+
+    def __init__(self, store: CheckpointStore, step: int, state: dict,
+                 done: Callable[[Saved], None] = lambda saved: None) -> None:
+        self.store, self.step, self.state, self._done = store, step, state, done
+        self.saved: Saved | None = None
+        self._thread = threading.Thread(target=self._run, name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.saved = self.store.save(self.step, self.state)
+        except Exception:       # noqa: BLE001 -- the caller writes it again, synchronously
+            log.exception("background checkpoint of step %d failed", self.step)
+            return
+        self._done(self.saved)
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait(self) -> bool:
+        self._thread.join()
+        return self.saved is not None

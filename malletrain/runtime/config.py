@@ -37,6 +37,10 @@ class RuntimeConfig:
     pulse_s: float = 0.1              # a member's liveness counter is rewritten this often
     dead_s: float = 1.0               # a member whose counter stood still this long is gone
     join_wait_s: float = 600.0        # a joiner not admitted by then exits to be requeued
+    # periodic checkpoints written by a background thread from a copy of the state (training goes
+    # on meanwhile); the checkpoints of a stop and of the end stay synchronous. None: elastic jobs
+    # only (their checkpoints are for durability: a change of members never reads one)
+    background_checkpoints: bool | None = None
     extra: Mapping = field(default_factory=dict)   # free-form, stored in the checkpoint
 
     def __post_init__(self) -> None:

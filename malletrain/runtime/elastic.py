@@ -298,7 +298,7 @@ class ElasticRuntime(Runtime):
     def _barrier(self) -> None:
         """Rank 0 alone writes a checkpoint: every rank holds the whole state."""
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, background: bool = False) -> None:
         """As :meth:`Runtime.checkpoint`, unless this generation was superseded: the newer
         group owns the checkpoints then."""
         if self._superseded:
@@ -311,7 +311,7 @@ class ElasticRuntime(Runtime):
                     return
             except (MalletrainError, RuntimeError) as exc:
                 log.warning("elastic store: %s", str(exc)[:200])
-        super().checkpoint()
+        super().checkpoint(background=background)
 
     def _leave_group(self) -> None:
         self.pg = None
@@ -344,7 +344,7 @@ class ElasticRuntime(Runtime):
             self.checkpoint()
             return
         if ckpt:
-            self.checkpoint()
+            self.checkpoint(background=self._background)
         if leavers or self._join_count:
             try:
                 self._change(leavers, self._join_count)

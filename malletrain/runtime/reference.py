@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=1024)
     p.add_argument("--report-s", type=float, default=0.5,
                    help="at most one progress record per this many seconds (0: every step)")
+    p.add_argument("--background-checkpoints", choices=("on", "off", "auto"), default="auto",
+                   help="periodic checkpoints written by a thread (auto: elastic jobs only)")
     p.add_argument("--elastic", action="store_true",
                    help="run as one member of an elastic job (MALLETRAIN_MEMBER names it)")
     args = p.parse_args(argv)
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                                  micro_batch=args.micro_batch, mode=args.mode, seed=args.seed,
                                  checkpoint_every_steps=args.every, checkpoint_every_s=0.0,
                                  mapping=mapping, keep=3, elastic=args.elastic,
+                                 background_checkpoints={"on": True, "off": False}.get(args.background_checkpoints),
                                  report_s=args.report_s)
     rt = Runtime(cfg)
     torch.manual_seed(args.seed)   # same initial parameters everywhere (rank 0's are broadcast too)

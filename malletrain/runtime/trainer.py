@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from malletrain.domain.errors import InputError
 from malletrain.runtime import logical
-from malletrain.runtime.checkpoint import CheckpointStore
+from malletrain.runtime.checkpoint import BackgroundSave, CheckpointStore, snapshot
 from malletrain.runtime.config import RuntimeConfig
 from malletrain.runtime.launch import DistInfo, discover_process
 from malletrain.runtime.metrics import MetricsWriter
@@ -118,6 +118,7 @@ class Runtime:
         self._step_times: list[float] = []
         self._last_ckpt_t = time.monotonic()
         self._saved_step = -1
+        self._bg: BackgroundSave | None = None   # rank 0's checkpoint being written by a thread
 
     # ---- setup -------------------------------------------------------------------------
     def _metrics_writer(self, **base) -> MetricsWriter:
@@ -490,7 +491,12 @@ class Runtime:
             self.stopped = "forced" if forced else "signal"
             self.checkpoint()
         elif ckpt:
-            self.checkpoint()
+            self.checkpoint(background=self._background)
+
+    @property
+    def _background(self) -> bool:
+        b = self.cfg.background_checkpoints
+        return self.cfg.elastic if b is None else b
 
     # ---- checkpoints -------------------------------------------------------------------
     def state(self) -> dict:
@@ -527,13 +533,25 @@ class Runtime:
                 out[w] = dict(zip(keys, (part.clone() for part in got[i].split(sizes))))
         return out
 
-    def checkpoint(self) -> None:
-        """Write a checkpoint of the current step (all processes call it; rank 0 writes)."""
+    def checkpoint(self, *, background: bool = False) -> None:
+        """Write a checkpoint of the current step (all processes call it; rank 0 writes).
+
+        ``background``: rank 0 copies the state and a thread writes it while training goes on
+        (none of the ranks waits); a periodic checkpoint due while the last one is still being
+        written is left out.  A synchronous checkpoint (a stop, the end) first waits for the
+        background one, and writes that one again if it failed."""
         if self._saved_step == self.step:
             return
         t0 = time.perf_counter()
         state = self.state()
+        if background:
+            if self.info.rank == 0:
+                self._save_in_background(state, t0)
+            self._saved_step = self.step
+            self._last_ckpt_t = time.monotonic()
+            return
         if self.info.rank == 0:
+            self._wait_background()
             saved = self.store.save(self.step, state)
             total = time.perf_counter() - t0
             self.timings["checkpoint_s"] = total
@@ -543,6 +561,29 @@ class Runtime:
         self._barrier()
         self._saved_step = self.step
         self._last_ckpt_t = time.monotonic()
+
+    def _save_in_background(self, state: dict, t0: float) -> None:
+        if self._bg is not None and self._bg.running():
+            log.info("checkpoint of step %d left out: step %d is still being written", self.step, self._bg.step)
+            return
+        self._wait_background()
+        step, samples = self.step, self.samples
+        copy = snapshot(state)
+        copied_s = time.perf_counter() - t0
+
+        def done(saved) -> None:
+            log.info("checkpoint step %d: %.2f MB in %.3fs (in the background; training paused %.3fs "
+                     "for the copy)", step, saved.bytes / 1e6, saved.write_s, copied_s)
+            self.metrics.record("checkpoint", step=step, samples=samples, step_s=0.0,
+                                write_s=round(saved.write_s, 4), bytes=saved.bytes,
+                                pause_s=round(copied_s, 4), background=True)
+        self._bg = BackgroundSave(self.store, step, copy, done)
+
+    def _wait_background(self) -> None:
+        """Rank 0: wait for the background checkpoint; write it again if it failed."""
+        bg, self._bg = self._bg, None
+        if bg is not None and not bg.wait():
+            self.store.save(bg.step, bg.state)
 
     def _load(self, st: dict) -> None:
         cfg = self.cfg
@@ -570,6 +611,8 @@ class Runtime:
         be requeued)."""
         if self.stopped is None:
             self.checkpoint()
+        if self._bg is not None:        # a member leaving, a pruned trial: its last write still lands
+            self._bg.wait()
         since = self.stop.since_s()
         reason = "done" if self.finished else (self.stopped or "closed")
         pruned = self.stopped == "pruned"
