@@ -165,6 +165,8 @@ class SlurmBackend:
         # job queued again (stopped or preempted as it finished) is never started again
         self.finished_work: Callable[[str], bool] = lambda job: False
         self.finished_queued: set[str] = set()      # such jobs seen this cycle: the daemon cancels them
+        # an elastic group's members (task ids) as its progress file last named them (None: not known yet)
+        self.joined: Callable[[str], tuple[int, ...] | None] = lambda job: None
         self.release: Release | None = None         # read once (versions.py: what differs per release)
         # the nodes' topology groups and speeds: the site file, topology.conf's leaf switches
         self.site: dict[str, tuple[str, float]] = load_node_info(slurm.node_info, ConfigError) \
@@ -601,6 +603,18 @@ class SlurmBackend:
         placed = book.placed()
         by_task = {m.task: m for m in members}
         running = {m.task: m.nodes[0] for m in members if m.phase is Phase.RUNNING and m.nodes}
+        for task in self._hung_joins(gid, members, now):
+            node = running.pop(task)
+            placed.pop(task, None)
+            book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+                           running=tuple(n for n in book.running if n != node))
+            self._put(gid, book)         # write-ahead: its node is no longer the group's
+            try:
+                if self._write(gid, ["scontrol", "requeuehold", by_task[task].spec], member=by_task[task]):
+                    self.events.recoveries += 1
+            except SlurmCommandError as exc:
+                self.events.failed_actions += 1
+                log.error("job %s: requeue of member %s failed: %s", gid, by_task[task].spec, exc)
         launching: dict[int, str] = {}
         for task, node in placed.items():
             m = by_task.get(task)
@@ -642,6 +656,24 @@ class SlurmBackend:
         pool.update(nodes)
         pool.difference_update(soon)
         return JobState(spec, nodes, None, book.paused_until_s, book.last_change_s)
+
+    def _hung_joins(self, gid: str, members: tuple[JobRecord, ...], now: float) -> list[int]:
+        """Running members that its group does not name (its progress file's last re-forming
+        record) after ``join_timeout_s`` of running: stuck before they joined.  The runtime's own
+        ``join_wait_s`` ends a joiner that asked and was never admitted; this catches one that
+        never got to ask.  Nothing is judged before the group named its members once."""
+        joined = self.joined(gid)
+        if joined is None:
+            return []
+        out = []
+        for m in members:
+            if (m.phase is Phase.RUNNING and m.nodes and m.task not in joined and m.start_s is not None
+                    and now - m.start_s > self.daemon.join_timeout_s):
+                log.warning("job %s: member %s has run %.0fs on %s without joining its group (members %s); "
+                            "requeued held", gid, m.spec, now - m.start_s, m.nodes[0], list(joined)[:16],
+                            extra={"job": gid, "action": "requeue", "reason": "hung join"})
+                out.append(m.task)
+        return out
 
     def _hold_member(self, gid: str, m: JobRecord) -> bool:
         """Hold one member (pending: it stays queued, never started by Slurm on its own)."""

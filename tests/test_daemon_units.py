@@ -121,6 +121,14 @@ def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_p
     reform(131.5, "shrink", 1, 5e9)          # one beyond any pause is no measurement
     reform(131.6, "shrink", 1, "0")          # nor is one that is not a number
     assert poll(132.0, shrink) == [(Direction.DOWN, 3600.0)]
+    assert src.members("7") == (0,)          # the last record naming its members well
+    reform(133.0, "grow", 2, 0.05)
+    with open(path, "a") as fh:              # members that are not task ids name nobody
+        for bad in ([0, -1], ["1"], [True], list(range(5000)), "0,1"):
+            fh.write(json.dumps(dict(t=134.0, job="7", samples=0, nodes=2, event="reform", kind="grow",
+                                     pause_s=0.1, members=bad)) + "\n")
+    poll(135.0, None)
+    assert src.members("7") == (0, 1)
 
 
 def test_daemon_seeds_the_advisor_from_its_store(tmp_path):

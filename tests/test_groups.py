@@ -181,3 +181,23 @@ def test_a_steady_cycle_with_a_running_group_reads_three_commands_at_most():
     b.observe()
     assert len(fake.calls) <= 3, fake.calls
     assert ["squeue", "-h", "-a", "-r", "-o", fake.calls[0][-1]] == fake.calls[0]
+
+
+def test_a_member_that_runs_without_joining_its_group_is_requeued_after_join_timeout_s():
+    fake = FakeSlurm()
+    held_array(fake, "50", 3)
+    b, clock, _ = _backend(fake, join_timeout_s=100)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1", "n2", "n3"))])
+    fake.run_pending()
+    for k in ("50_0", "50_1", "50_2"):
+        fake.jobs[k]["start"] = 1000
+    assert b.observe().snapshot.jobs[0].nodes == ("n1", "n2", "n3")   # nothing named yet: nothing judged
+    b.joined = lambda job: (0, 1) if job == "50" else None
+    clock["t"] = 1090.0
+    fake.calls.clear()
+    assert b.observe().snapshot.jobs[0].nodes == ("n1", "n2", "n3") and _writes(fake) == []
+    clock["t"] = 1101.0
+    (job,) = b.observe().snapshot.jobs
+    assert _writes(fake) == [["scontrol", "requeuehold", "50_2"]] and b.events.recoveries == 1
+    assert job.nodes == ("n1", "n2") and b.books["50"].placed() == {0: "n1", 1: "n2"}

@@ -130,6 +130,7 @@ class Daemon:
         self.backend.not_before = self.recovery.retry_at          # requeued jobs in back-off
         self._recovery_saved = self.recovery.dump()
         self.backend.finished_work = self.progress.finished
+        self.backend.joined = self.progress.members
         self.source = CurveSource(self.config.core)
         self.forecast = ForecastSource(self.config.core)
         try:

@@ -61,6 +61,8 @@ EVENTS = ("start", "progress", "checkpoint", "metric", "exit", "reform")
 # an elastic group's re-formings (runtime/elastic.py): the survivors' pause of a planned change
 REFORM_KINDS = ("grow", "shrink", "change", "loss", "join")
 MAX_REFORMS_READ = 64      # re-forming records kept per file and poll (the rest are not measured)
+MAX_MEMBERS = 4096         # members named in one re-forming record (slurm/groups.py looks at as many)
+MAX_MEMBER_ID = 10**7      # a member id is an array task id
 FINAL_REASONS = ("done", "pruned", "failed")     # an exit record with one of these: the job is over
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
 
@@ -117,6 +119,7 @@ class TailState:
     elastic: bool = False        # the file holds re-forming records: its job rescales in place
     new_reforms: list = field(default_factory=list)   # (kind, pause_s, t, nodes, nodes before) this poll
     group_nodes: int = 0         # the group's size in its last progress or re-forming record
+    members: tuple[int, ...] | None = None   # who the group's last re-forming record names
 
 
 @dataclass
@@ -292,6 +295,8 @@ class ProgressTail:
                 st.elastic = True
                 if len(st.new_reforms) < MAX_REFORMS_READ:
                     st.new_reforms.append((rec["kind"], rec["pause_s"], rec["t"], rec["nodes"], st.group_nodes))
+            if rec["event"] == "reform" and rec["members"] is not None:
+                st.members = rec["members"]
             if rec["event"] in ("reform", "progress") and rec["nodes"] >= 1:
                 st.group_nodes = rec["nodes"]
             if rec["event"] == "start":
@@ -359,8 +364,13 @@ class ProgressTail:
         job = rec.get("job")
         kind = rec.get("kind")
         pause = _number(rec.get("pause_s"), 0.0, MAX_PAUSE_S)
+        members = rec.get("members")
+        if not (isinstance(members, list) and len(members) <= MAX_MEMBERS
+                and all(type(m) is int and 0 <= m < MAX_MEMBER_ID for m in members)):
+            members = None
         return {"event": rec.get("event", "progress"), "job": job if isinstance(job, str) else None,
                 "kind": kind if kind in REFORM_KINDS else None, "pause_s": None if pause is None else float(pause),
+                "members": None if members is None else tuple(members),
                 "t": float(t), "samples": float(samples),
                 "nodes": int(nodes), "restart": int(restart), "reason": rec.get("reason"),
                 "step_s": None if step_s is None else float(step_s),
@@ -444,6 +454,12 @@ class ProgressSource:
         """Whether the job's last run, as read so far, ended with its final ``done`` record."""
         st = self._state(job)
         return bool(st and st.done)
+
+    def members(self, job: str) -> tuple[int, ...] | None:
+        """An elastic group's members (array task ids) as its last re-forming record read names
+        them; None before one was read."""
+        st = self._state(job)
+        return st.members if st else None
 
     def step_s(self, job: str) -> float:
         st = self._state(job)

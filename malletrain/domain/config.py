@@ -217,6 +217,7 @@ class DaemonConfig:
     retry_backoff_s: float = 10.0    # before the first requeue; doubles per failure (at most 120 s)
     hang_floor_s: float = 600.0      # a running job silent this long (and hang_factor x its step time) is hung
     hang_factor: float = 10.0
+    join_timeout_s: float = 900.0    # an elastic group's member running this long outside its group is requeued held
     node_strikes: int = 3            # failures/hangs on a node within node_cooldown_s that rest it ...
     node_cooldown_s: float = 1800.0  # ... for this long (left out of harvesting, never drained)
     max_excluded_share: float = 0.25  # at most this share of the partition rests at once
@@ -229,7 +230,7 @@ class DaemonConfig:
             raise ConfigError("must be >= 0.1 s", path=where, field="interval_s")
         for name in ("max_samples_per_s", "max_records_per_job", "max_progress_bytes_per_cycle", "max_tag_reads",
                      "samples_kept", "progress_read_timeout_s", "progress_cycle_timeout_s",
-                     "hang_floor_s", "hang_factor", "node_strikes", "node_cooldown_s"):
+                     "hang_floor_s", "hang_factor", "node_strikes", "node_cooldown_s", "join_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError("must be > 0", path=where, field=name)
         for name in ("max_rescale_pause_s", "max_failures", "retry_backoff_s"):
@@ -242,6 +243,7 @@ class DaemonConfig:
             raise ConfigError("must be >= 0", path=where, field="vacate_lead_s")
         for name in ("interval_s", "start_timeout_s", "rescale_wait_s", "vacate_lead_s", "retry_backoff_s",
                      "hang_floor_s", "node_cooldown_s", "max_rescale_pause_s", "progress_read_timeout_s",
+                     "join_timeout_s",
                      "progress_cycle_timeout_s"):
             if not getattr(self, name) <= MAX_SECONDS:   # the loop sleeps and waits this long
                 raise ConfigError(f"must be <= {MAX_SECONDS:g} s", path=where, field=name)
