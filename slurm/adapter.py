@@ -143,6 +143,8 @@ class SlurmBackend:
         self.events = Events()
         self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
         self.groups: dict[str, tuple[JobRecord, ...]] = {}   # array id -> its tasks (elastic groups' members)
+        self.refused_members: dict[str, set[int]] = {}     # group -> tasks that failed a check: not its
+        self._member_checks = 0                             # member checks left this cycle (max_tag_reads)
         self.tags: dict[str, Tag] = {}
         self.tag_records: dict[str, TagRecord] = {}  # comment read alone, per job in the partition
         self.uids: dict[str, int] = {}
@@ -214,6 +216,7 @@ class SlurmBackend:
             self._learn_topology()
         jobs = self._fold(self._jobs())
         jobs += self._ended(jobs)
+        self._member_checks = self.daemon.max_tag_reads
         nodes = self._nodes()
         every = self.slurm.reservations_every
         reservations_now = bool(every and self._cycle % every == 0)
@@ -275,7 +278,7 @@ class SlurmBackend:
             fact = JobFacts(self._profile(r, tag), r.user,
                             self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
                             uid=r.uid, max_nodes=tag.max_nodes, state=r.state,
-                            nodes=r.nodes or book.running, change=change)
+                            nodes=r.nodes or book.running, change=change, elastic=r.job_id in self.groups)
             if r.phase is Phase.FINISHED:
                 ended[r.job_id] = fact
                 continue
@@ -505,6 +508,8 @@ class SlurmBackend:
     def _fold(self, jobs: list[JobRecord]) -> list[JobRecord]:
         """The harvest partition's arrays as one record each (groups.py); their tasks kept."""
         out, self.groups = grp.fold(jobs, self.slurm.partition)
+        for gid in [g for g in self.refused_members if g not in self.groups]:
+            del self.refused_members[gid]
         return out
 
     def _parse(self, text: str) -> list[JobRecord]:
@@ -609,13 +614,13 @@ class SlurmBackend:
             book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
                            running=tuple(n for n in book.running if n != node))
             self._put(gid, book)         # write-ahead: its node is no longer the group's
-            try:
-                if self._write(gid, ["scontrol", "requeuehold", by_task[task].spec], member=by_task[task]):
-                    self.events.recoveries += 1
-            except SlurmCommandError as exc:
-                self.events.failed_actions += 1
-                log.error("job %s: requeue of member %s failed: %s", gid, by_task[task].spec, exc)
+            if self._requeue_member(gid, by_task[task]):
+                self.events.recoveries += 1
+        refused = self.refused_members.get(gid, set())
+        for task in refused:                # failed a check: not the group's (its node is not harvestable)
+            running.pop(task, None)
         launching: dict[int, str] = {}
+        timed_out: set[int] = set()
         for task, node in placed.items():
             m = by_task.get(task)
             if m is None or task in running or m.phase is not Phase.PENDING or node not in book.launching:
@@ -625,17 +630,30 @@ class SlurmBackend:
                 log.warning("job %s: member %s did not start on %s (%s); holding it", gid, m.spec, node,
                             "its node was taken" if node not in pool else "start_timeout_s passed",
                             extra={"job": gid, "reason": "member did not start"})
+                timed_out.add(task)
                 self._hold_member(gid, m)
                 continue
             launching[task] = node
         for m in members:       # pending, not released by us: Slurm requeued it (a preemption)
-            if m.phase is Phase.PENDING and m.task not in launching:
+            if m.phase is Phase.PENDING and m.task not in launching and m.task not in timed_out \
+                    and m.task not in refused:
                 if m.task in placed:
                     self.events.preemptions += 1
                     log.warning("job %s: member %s on %s was requeued by Slurm (preempted); the other "
                                 "members go on", gid, m.spec, placed[m.task],
                                 extra={"job": gid, "reason": "member preempted"})
                 self._hold_member(gid, m)
+        size = max(1, min(tag.max_nodes, len(members) - len(refused)))
+        # running members beyond its size (its owner released some): requeued held, those the
+        # daemon did not place first, so a plan never meets a group larger than its max
+        extra = sorted(running, key=lambda t: (t in placed, -t))[:max(0, len(running) + len(launching) - size)]
+        for task in extra:
+            m = by_task[task]
+            log.warning("job %s: member %s runs beyond the group's %d node(s); requeued held", gid, m.spec, size,
+                        extra={"job": gid, "reason": "member beyond max"})
+            running.pop(task)
+            placed.pop(task, None)
+            self._requeue_member(gid, m)
         where = {**launching, **running}
         entries = tuple(f"{t}@{n}" for t, n in sorted(where.items()))
         if entries != book.members or book.running != tuple(sorted(running.values())):
@@ -649,7 +667,6 @@ class SlurmBackend:
                      collect(sorted(soon & set(nodes))), extra={"job": gid, "reason": "primary job planned"})
         if r.phase is Phase.MOVING or (r.phase is Phase.HELD and self.not_before.get(gid, 0.0) > now):
             return None
-        size = max(1, min(tag.max_nodes, len(members)))
         spec = JobSpec(gid, min(tag.min_nodes, size), size, tag.rescale_up_s, tag.rescale_down_s,
                        self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
                        owner=str(r.uid) if r.uid is not None else r.user)
@@ -675,13 +692,31 @@ class SlurmBackend:
                 out.append(m.task)
         return out
 
+    def _member_write(self, gid: str, m: JobRecord, argv: list[str]) -> bool:
+        """A write to one member that the daemon makes on its own (not a plan's): within this
+        cycle's member checks (``max_tag_reads``: one group's thousands of members cannot stall
+        the cycle; the rest wait), after the member's check; a member that fails it is no longer
+        the group's (:attr:`refused_members`)."""
+        if self._member_checks <= 0:
+            return False
+        self._member_checks -= 1
+        if not self._verify(gid, m):
+            self.refused_members.setdefault(gid, set()).add(m.task)
+            return False
+        try:
+            self.runner.write(argv)
+        except SlurmCommandError as exc:
+            self.events.failed_actions += 1
+            log.warning("job %s: %s of member %s failed: %s", gid, argv[1], m.spec, exc)
+            return False
+        return True
+
     def _hold_member(self, gid: str, m: JobRecord) -> bool:
         """Hold one member (pending: it stays queued, never started by Slurm on its own)."""
-        try:
-            return self._write(gid, ["scontrol", "uhold", m.spec], member=m)
-        except SlurmCommandError as exc:
-            log.warning("job %s: hold of member %s failed: %s", gid, m.spec, exc)
-            return False
+        return self._member_write(gid, m, ["scontrol", "uhold", m.spec])
+
+    def _requeue_member(self, gid: str, m: JobRecord) -> bool:
+        return self._member_write(gid, m, ["scontrol", "requeuehold", m.spec])
 
     def _put(self, job: str, book: Book) -> None:
         self.books[job] = book
@@ -715,14 +750,22 @@ class SlurmBackend:
                                last_change_s=self.clock()))
         for m in running:
             self.runner.write(["scontrol", "requeuehold", m.spec])
-        self.events.recoveries += 1
+        if running:
+            self.events.recoveries += 1
         log.warning("job %s: %s (%d member(s) requeued held)", gid, why, len(running),
                     extra={"job": gid, "action": "requeue", "reason": why})
         return True
 
     def cancel_finished(self, job: str, why: str) -> bool:
         """Cancel ``job``: queued again (stopped by us or preempted by Slurm just as it finished)
-        although its work ended 'done'; running it again would finish it twice."""
+        although its work ended 'done'; running it again would finish it twice.  A group: its
+        queued members, each by ``ARRAY_TASK`` after its own check (the rest next cycle)."""
+        if job in self.groups:
+            left = [m for m in self.groups[job] if m.phase in (Phase.HELD, Phase.PENDING)]
+            done = [m for m in left if self._member_write(job, m, ["scancel", m.spec])]
+            log.warning("job %s: %s (%d of %d queued member(s) cancelled)", job, why, len(done), len(left),
+                        extra={"job": job, "action": "cancel", "reason": why})
+            return len(done) == len(left)
         try:
             if not self._verify(job):
                 return False
@@ -846,7 +889,8 @@ class SlurmBackend:
             m = by_task.get(task)
             if node in stay or m is None:
                 continue
-            if not self._verify(gid, m):
+            if not self._verify(gid, m):     # no longer the group's; its node is not freed this cycle
+                self.refused_members.setdefault(gid, set()).add(task)
                 blocked.setdefault(node, gid)
                 continue
             del placed[task]
@@ -877,7 +921,7 @@ class SlurmBackend:
         book = self.books.get(gid, Book())
         placed = book.placed()
         new = [n for n in a.to_nodes if n not in set(placed.values())]
-        spare = grp.spare(self.groups[gid], placed)
+        spare = [m for m in grp.spare(self.groups[gid], placed) if m.task not in self.refused_members.get(gid, ())]
         if len(spare) < len(new):
             log.warning("job %s: %d node(s) planned but only %d held member(s) left to start", gid,
                         len(new), len(spare), extra={"job": gid, "reason": "no spare member"})
@@ -886,8 +930,9 @@ class SlurmBackend:
         for m in spare:
             if not new:
                 break
-            if not self._verify(gid, m):
-                continue         # refused: that member is not started; the next spare one may be
+            if not self._verify(gid, m):     # refused: never tried again; the next spare one may be
+                self.refused_members.setdefault(gid, set()).add(m.task)
+                continue
             node = new.pop(0)
             placed[m.task] = node
             book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
@@ -896,7 +941,8 @@ class SlurmBackend:
                            change_hold_s=now, change_release_s=now, change_nodes=len(a.to_nodes))
             self._put(gid, book)
             try:
-                self.runner.write(["scontrol", "update", f"JobId={m.spec}", f"ReqNodeList={node}", "StartTime=now"])
+                self.runner.write(["scontrol", "update", f"JobId={m.spec}", "NumNodes=1-1", f"ReqNodeList={node}",
+                                   "StartTime=now"])
                 self.runner.write(["scontrol", "release", m.spec])
             except SlurmCommandError as exc:
                 self.events.failed_actions += 1

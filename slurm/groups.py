@@ -44,9 +44,13 @@ def fold(records: Iterable[JobRecord], partition: str) -> tuple[list[JobRecord],
             out.append(r)
     groups: dict[str, tuple[JobRecord, ...]] = {}
     for gid, members in tasks.items():
-        if len({m.uid for m in members}) != 1:      # one array has one owner: anything else is no group
+        # one owner, one node per task, a bounded count: anything else is no group (its tasks stay
+        # records of their own, counted as every job is, never adopted)
+        if len({m.uid for m in members}) != 1 or len(members) > MAX_MEMBERS \
+                or any(m.node_count != 1 for m in members):
+            out.extend(members)
             continue
-        ordered = tuple(sorted(members, key=lambda m: m.task)[:MAX_MEMBERS])
+        ordered = tuple(sorted(members, key=lambda m: m.task))
         groups[gid] = ordered
         out.append(group_record(gid, ordered))
     return out, groups

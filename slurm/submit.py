@@ -22,6 +22,7 @@ from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S
 from malletrain.domain.safefile import write_atomic
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import is_slurm_time
+from malletrain.slurm.groups import MAX_MEMBERS
 from malletrain.slurm.parse import TAG_FORMAT, Tag, parse_tag, parse_tag_record, tag_problem
 from malletrain.slurm.runner import Runner, SlurmCommandError
 
@@ -96,6 +97,8 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
     if not 1 <= min_nodes <= max_nodes:
         raise InputError(f"need 1 <= --min-nodes <= --max-nodes, got {clipped(min_nodes)} and "
                          f"{clipped(max_nodes)}")
+    if elastic and max_nodes > MAX_MEMBERS:
+        raise InputError(f"--elastic: at most {MAX_MEMBERS} members (--max-nodes)")
     if elastic and launch == "torchrun":
         raise InputError("--elastic runs one process per node (each member re-forms the group itself): "
                          "use --launch srun or batch, not torchrun")

@@ -100,8 +100,8 @@ def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_p
     progress(path, 91.0, 100.0, nodes=2)
     src = ProgressSource(ProgressTail())
 
-    def poll(now, change):
-        facts = {"7": JobFacts("p", "alice", str(path), uid=os.getuid(), change=change)}
+    def poll(now, change, elastic=True):
+        facts = {"7": JobFacts("p", "alice", str(path), uid=os.getuid(), change=change, elastic=elastic)}
         src.poll(Observation(Snapshot(now, (), ()), (), facts))
         return [(p.direction, round(p.pause_s, 4)) for p in src.pauses()]
     assert poll(95.0, None) == []
@@ -117,10 +117,13 @@ def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_p
     reform(125.0, "loss", 2, 0.2)            # not a change the daemon makes
     progress(path, 126.0, 400.0, nodes=2)
     assert poll(130.0, shrink) == [(Direction.DOWN, 0.038)]
-    reform(131.0, "shrink", 1, 5e4)          # a claim beyond max_pause_s is cut to it
-    reform(131.5, "shrink", 1, 5e9)          # one beyond any pause is no measurement
-    reform(131.6, "shrink", 1, "0")          # nor is one that is not a number
-    assert poll(132.0, shrink) == [(Direction.DOWN, 3600.0)]
+    reform(129.0, "shrink", 1, 0.0)          # that change was measured already: once per change
+    assert poll(129.5, shrink) == []
+    shrink2 = SizeChange(Direction.DOWN, hold_s=130.0, release_s=130.0, nodes=1)
+    reform(131.0, "shrink", 1, 5e9)          # beyond any pause: no measurement
+    reform(131.5, "shrink", 1, "0")          # nor one that is not a number
+    reform(131.6, "shrink", 1, 5e4)          # a claim beyond max_pause_s is cut to it
+    assert poll(132.0, shrink2) == [(Direction.DOWN, 3600.0)]
     assert src.members("7") == (0,)          # the last record naming its members well
     reform(133.0, "grow", 2, 0.05)
     with open(path, "a") as fh:              # members that are not task ids name nobody
@@ -129,6 +132,9 @@ def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_p
                                      pause_s=0.1, members=bad)) + "\n")
     poll(135.0, None)
     assert src.members("7") == (0, 1)
+    reform(136.0, "shrink", 1, 0.0)          # a plain job's file: its re-forming records count for nothing
+    assert poll(137.0, SizeChange(Direction.DOWN, hold_s=135.0, release_s=135.0, nodes=1), elastic=False) == []
+    assert src.members("7") is None
 
 
 def test_daemon_seeds_the_advisor_from_its_store(tmp_path):

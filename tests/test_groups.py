@@ -67,9 +67,9 @@ def test_a_group_starts_grows_and_shrinks_one_member_per_node_and_never_restarts
     (job,) = b.observe().snapshot.jobs
     assert job.job_id == "50" and job.nodes == () and job.spec.max_nodes == 3     # the tag's max (4 members)
     b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
-    assert _writes(fake) == [["scontrol", "update", "JobId=50_0", "ReqNodeList=n1", "StartTime=now"],
+    assert _writes(fake) == [["scontrol", "update", "JobId=50_0", "NumNodes=1-1", "ReqNodeList=n1", "StartTime=now"],
                              ["scontrol", "release", "50_0"],
-                             ["scontrol", "update", "JobId=50_1", "ReqNodeList=n2", "StartTime=now"],
+                             ["scontrol", "update", "JobId=50_1", "NumNodes=1-1", "ReqNodeList=n2", "StartTime=now"],
                              ["scontrol", "release", "50_1"]]
     assert saved["50"].placed() == {0: "n1", 1: "n2"} and saved["50"].launching == ("n1", "n2")
     clock["t"] += 2
@@ -81,7 +81,7 @@ def test_a_group_starts_grows_and_shrinks_one_member_per_node_and_never_restarts
     assert len(set(ids.values())) == 2 and "50" not in ids.values()      # each started task: a job of its own
     fake.calls.clear()
     b.apply([_act(ActionKind.GROW, ("n1", "n2"), ("n1", "n2", "n4"))])
-    assert _writes(fake) == [["scontrol", "update", "JobId=50_2", "ReqNodeList=n4", "StartTime=now"],
+    assert _writes(fake) == [["scontrol", "update", "JobId=50_2", "NumNodes=1-1", "ReqNodeList=n4", "StartTime=now"],
                              ["scontrol", "release", "50_2"]]          # no requeue of the running members
     job = _running(b, fake)
     assert job.nodes == ("n1", "n2", "n4")
@@ -166,7 +166,7 @@ def test_a_group_whose_work_is_done_has_its_held_members_cancelled():
     assert b.finished_queued == {"50"}
     assert b.cancel_finished("50", "done")
     assert {r["state"] for r in fake.jobs.values()} == {"CANCELLED", "COMPLETED"}
-    assert ["scancel", "50"] in fake.calls
+    assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", "50_1"], ["scancel", "50_2"]]
 
 
 def test_a_steady_cycle_with_a_running_group_reads_three_commands_at_most():
@@ -201,3 +201,50 @@ def test_a_member_that_runs_without_joining_its_group_is_requeued_after_join_tim
     (job,) = b.observe().snapshot.jobs
     assert _writes(fake) == [["scontrol", "requeuehold", "50_2"]] and b.events.recoveries == 1
     assert job.nodes == ("n1", "n2") and b.books["50"].placed() == {0: "n1", 1: "n2"}
+
+
+def test_an_array_of_multi_node_tasks_is_no_group_and_its_tasks_stay_jobs_of_their_own():
+    text = "50|50_0|scavenger|PENDING|JobHeldUser|2||N/A|(null)|100|u|1000\n"
+    out, groups = fold(parse_squeue(text), "scavenger")
+    assert groups == {} and [r.spec for r in out] == ["50_0"]
+
+
+def test_members_its_owner_started_beyond_the_groups_max_are_requeued_held():
+    fake = FakeSlurm()
+    held_array(fake, "50", 4)            # the tag allows 3
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
+    fake.run_pending()
+    for k, n in (("50_2", "n3"), ("50_3", "n4")):      # its owner released two more
+        fake.jobs[k].update(state="RUNNING", reason="None", nodes=(n,), id=str(int(k[-1]) + 90))
+    fake.calls.clear()
+    (job,) = b.observe().snapshot.jobs
+    assert _writes(fake) == [["scontrol", "requeuehold", "50_3"]]      # one beyond 3, not one the daemon placed
+    assert job.nodes == ("n1", "n2", "n3") and job.spec.max_nodes == 3
+
+
+def test_one_cycle_checks_at_most_max_tag_reads_members_and_a_refused_member_leaves_the_group():
+    fake = FakeSlurm()
+    held_array(fake, "50", 60, comment=GROUP_TAG.replace("max=3", "max=60"))
+    b, clock, _ = _backend(fake, max_tag_reads=10)
+    b.observe()
+    for r in fake.jobs.values():        # every member released by its owner, none by the daemon
+        r["reason"] = "None"
+    fake.calls.clear()
+    b.observe()
+    assert len([c for c in _writes(fake) if c[1] == "uhold"]) == 10     # the rest next cycle
+    b.observe()
+    assert len([c for c in fake.calls if c[:2] == ["scontrol", "uhold"]]) == 20
+    fake2 = FakeSlurm()
+    held_array(fake2, "70", 3)
+    b2, clock2, _ = _backend(fake2)
+    b2.observe()
+    b2.apply([Action("70", ActionKind.START, (), ("n1", "n2"), "why", ReasonCode.GAIN)])
+    fake2.run_pending()
+    b2.observe()
+    fake2.jobs["70_1"]["comment"] = GROUP_TAG.replace("grp", "x")     # no longer matches its group
+    b2.apply([Action("70", ActionKind.SHRINK, ("n1", "n2"), ("n1",), "why", ReasonCode.GAIN)])
+    assert b2.refused_members == {"70": {1}}
+    (job,) = b2.observe().snapshot.jobs
+    assert job.nodes == ("n1",) and job.spec.max_nodes == 2     # n2 is not the group's any more

@@ -43,6 +43,7 @@ class JobFacts:
     state: str = ""                    # the scheduler's state word (COMPLETED, FAILED, …) for ended jobs
     nodes: tuple[str, ...] = ()        # where it runs (or ran last)
     change: SizeChange | None = None   # the daemon's latest change of its size
+    elastic: bool = False              # an elastic group: its re-forming records are read (issue #26)
 
 
 @dataclass(frozen=True)

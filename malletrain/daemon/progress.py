@@ -262,6 +262,7 @@ class ProgressTail:
         if got.inode != st.inode or got.start != st.offset:     # new, replaced or truncated
             st.offset, st.inode, st.last, st.done, st.step_s = got.start, got.inode, None, False, 0.0
             st.run, st.new_runs, st.promise = None, [], None
+            st.elastic, st.new_reforms, st.group_nodes, st.members = False, [], 0, None
         chunk = got.data
         eof = got.start + len(chunk) >= got.size
         end = chunk.rfind(b"\n")
@@ -490,7 +491,9 @@ class ProgressSource:
         reforms, st.new_reforms = st.new_reforms, []
         ch = facts.change
         for kind, pause_s, t, nodes, before in reforms:
-            if kind == "shrink":
+            if (kind == "shrink" and ch is not None and ch.direction is Direction.DOWN
+                    and st.measured != ch.hold_s and t >= ch.hold_s):          # the daemon's shrink, once
+                st.measured = ch.hold_s
                 self._pauses.append(PauseSample(job, Direction.DOWN, min(pause_s, self.max_pause_s), self._now))
             elif (kind == "grow" and ch is not None and ch.direction is Direction.UP and nodes >= 1
                   and st.measured != ch.hold_s and t >= ch.release_s):      # once per change
@@ -617,6 +620,8 @@ class ProgressSource:
             return TailRead(ReadStatus.REFUSED)
         out += r.samples
         st = self.tail.files.get(facts.progress_path)
+        if st is not None and not facts.elastic:    # re-forming records count for groups only
+            st.new_reforms, st.elastic, st.members = [], False, None
         if st is not None and st.new_reforms:
             self._measure_reforms(job, facts, st)
         if st is not None and st.new_runs:
