@@ -502,11 +502,15 @@ class SlurmBackend:
         return True
 
     def _jobs(self) -> list[JobRecord]:
-        # -r: one line per array task (an elastic group's members), as they are held and started one by one
-        return self._parse(self.runner.read(["squeue", "-h", "-a", "-r", "-o", SQUEUE_FORMAT]))
+        # -r (elastic groups only): one line per array task, as members are held and started one by one
+        expand = ["-r"] if self.slurm.elastic_groups else []
+        return self._parse(self.runner.read(["squeue", "-h", "-a", *expand, "-o", SQUEUE_FORMAT]))
 
     def _fold(self, jobs: list[JobRecord]) -> list[JobRecord]:
-        """The harvest partition's arrays as one record each (groups.py); their tasks kept."""
+        """The harvest partition's arrays as one record each (groups.py); their tasks kept.  With
+        ``elastic_groups`` off nothing is folded: arrays stay records that are never adopted."""
+        if not self.slurm.elastic_groups:
+            return jobs
         out, self.groups = grp.fold(jobs, self.slurm.partition)
         for gid in [g for g in self.refused_members if g not in self.groups]:
             del self.refused_members[gid]

@@ -13,11 +13,11 @@ from malletrain.slurm.parse import Phase, Tag, parse_squeue, parse_tag
 from malletrain.slurm.runner import Runner
 
 
-def _backend(fake, **dc):
+def _backend(fake, elastic_groups=True, **dc):
     clock = {"t": 1000.0}
     saved = {}
     b = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None),
-                     SlurmConfig(), DaemonConfig(interval_s=2, rescale_wait_s=1, **dc),
+                     SlurmConfig(elastic_groups=elastic_groups), DaemonConfig(interval_s=2, rescale_wait_s=1, **dc),
                      clock=lambda: clock["t"], save_book=lambda j, bk: saved.__setitem__(j, bk))
     return b, clock, saved
 
@@ -248,3 +248,15 @@ def test_one_cycle_checks_at_most_max_tag_reads_members_and_a_refused_member_lea
     assert b2.refused_members == {"70": {1}}
     (job,) = b2.observe().snapshot.jobs
     assert job.nodes == ("n1",) and job.spec.max_nodes == 2     # n2 is not the group's any more
+
+
+def test_without_elastic_groups_the_queue_read_is_as_before_and_no_array_is_adopted():
+    """Elastic groups are the operator's choice: off, an array's pending tasks stay one line of the
+    queue read (Slurm collapses them) and no array is adopted."""
+    fake = FakeSlurm()
+    held_array(fake, "50", 4)
+    held_job(fake, "60")
+    b, _, _ = _backend(fake, elastic_groups=False)
+    assert [j.job_id for j in b.observe().snapshot.jobs] == ["60"]
+    assert ["squeue", "-h", "-a", "-o", fake.calls[2][-1]] in fake.calls
+    assert not any("-r" in c for c in fake.calls if c[0] == "squeue")

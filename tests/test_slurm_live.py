@@ -606,7 +606,7 @@ def test_an_elastic_group_loses_one_member_to_a_preemption_and_grows_back_withou
     def reforms() -> list[dict]:
         return [r for r in metrics_records(tmp_path, job) if r["event"] == "reform"]
 
-    d = DaemonProc(tmp_path, cluster).start()
+    d = DaemonProc(tmp_path, cluster, extra={"slurm": {"elastic_groups": True}}).start()
     try:
         wait_until(lambda: any(len(r["members"]) == 3 for r in reforms()), 180, "three members in one group")
         first = {k: m for k, m in members().items() if m["state"] == "RUNNING"}

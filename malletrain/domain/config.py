@@ -170,6 +170,10 @@ class SlurmConfig:
     #                                 (0 = never): Slurm lifts them for a job an operator resizes
     node_info: str = ""             # site CSV node,group,slowdown (speeds, groups); '' = none
     topology: bool = True           # read topology.conf's switches (scontrol show topology) at start
+    # adopt elastic groups (issue #26: held arrays of 1-node members, `submit --elastic`); the queue
+    # read then lists every array task (squeue -r): one line per pending task of every array in
+    # every partition, where it is one line per array otherwise (SECURITY.md)
+    elastic_groups: bool = False
 
     def validate(self, where: str = "config") -> SlurmConfig:
         if not self.partition:
