@@ -113,6 +113,11 @@ class Book:
                 out[int(task)] = node
         return out
 
+    @staticmethod
+    def entries(placed: dict[int, str]) -> tuple[str, ...]:
+        """:attr:`members` of ``placed`` (task -> node), the inverse of :meth:`placed`."""
+        return tuple(f"{t}@{n}" for t, n in sorted(placed.items()))
+
 
 @dataclass
 class Events:
@@ -558,12 +563,25 @@ class SlurmBackend:
         return parse_sinfo(self.runner.read(
             ["sinfo", "-h", "-N", "-p", self.slurm.partition, "-o", SINFO_FORMAT]))
 
+    def _spec(self, r: JobRecord, tag: Tag) -> JobSpec:
+        return JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
+                       tag.rescale_down_s, self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
+                       owner=str(r.uid) if r.uid is not None else r.user)
+
+    def _note_vacate(self, job: str, nodes: tuple[str, ...], soon: set[str], now: float) -> None:
+        """Count and say that ``job`` gives nodes back to a primary job planned on them soon."""
+        due_nodes = soon & set(nodes)
+        if due_nodes:
+            due = min(self.windows[n] for n in due_nodes)
+            self.events.vacates += 1
+            log.info("job %s: giving %s back to a primary job planned to start in %.0fs",
+                     job, collect(sorted(due_nodes)), due - now,
+                     extra={"job": job, "reason": "primary job planned"})
+
     def _job_state(self, r: JobRecord, tag: Tag, now: float, pool: set[str],
                    soon: set[str]) -> JobState | None:
         book = self.books.get(r.job_id, Book())
-        spec = JobSpec(r.job_id, tag.min_nodes, tag.max_nodes, tag.rescale_up_s,
-                       tag.rescale_down_s, self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
-                       owner=str(r.uid) if r.uid is not None else r.user)
+        spec = self._spec(r, tag)
         phase = r.phase
         nodes: tuple[str, ...] = ()
         if phase is Phase.RUNNING:
@@ -571,12 +589,7 @@ class SlurmBackend:
             if book.launching or book.running != nodes:
                 book = replace(book, launching=(), running=nodes)
                 self._put(r.job_id, book)
-            if soon & set(nodes):
-                due = min(self.windows[n] for n in soon & set(nodes))
-                self.events.vacates += 1
-                log.info("job %s: giving %s back to a primary job planned to start in %.0fs",
-                         r.job_id, collect(sorted(soon & set(nodes))), due - now,
-                         extra={"job": r.job_id, "reason": "primary job planned"})
+            self._note_vacate(r.job_id, nodes, soon, now)
         elif phase is Phase.PENDING:
             taken = book.launching and now - book.launch_t > 5.0 and not set(book.launching) <= pool
             if book.launching and not taken and now - book.launch_t <= self.daemon.start_timeout_s:
@@ -615,7 +628,7 @@ class SlurmBackend:
         for task in self._hung_joins(gid, members, now):
             node = running.pop(task)
             placed.pop(task, None)
-            book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+            book = replace(book, members=Book.entries(placed),
                            running=tuple(n for n in book.running if n != node))
             self._put(gid, book)         # write-ahead: its node is no longer the group's
             if self._requeue_member(gid, by_task[task]):
@@ -659,21 +672,16 @@ class SlurmBackend:
             placed.pop(task, None)
             self._requeue_member(gid, m)
         where = {**launching, **running}
-        entries = tuple(f"{t}@{n}" for t, n in sorted(where.items()))
+        entries = Book.entries(where)
         if entries != book.members or book.running != tuple(sorted(running.values())):
             book = replace(book, members=entries, running=tuple(sorted(running.values())),
                            launching=tuple(sorted(launching.values())))
             self._put(gid, book)
         nodes = tuple(sorted(where.values()))
-        if soon & set(nodes):
-            self.events.vacates += 1
-            log.info("job %s: giving %s back to a primary job planned to start soon", gid,
-                     collect(sorted(soon & set(nodes))), extra={"job": gid, "reason": "primary job planned"})
+        self._note_vacate(gid, nodes, soon, now)
         if r.phase is Phase.MOVING or (r.phase is Phase.HELD and self.not_before.get(gid, 0.0) > now):
             return None
-        spec = JobSpec(gid, min(tag.min_nodes, size), size, tag.rescale_up_s, tag.rescale_down_s,
-                       self._profile(r, tag), r.submit_s or 0.0, tag.name or r.name,
-                       owner=str(r.uid) if r.uid is not None else r.user)
+        spec = self._spec(r, replace(tag, min_nodes=min(tag.min_nodes, size), max_nodes=size))
         pool.update(nodes)
         pool.difference_update(soon)
         return JobState(spec, nodes, None, book.paused_until_s, book.last_change_s)
@@ -696,6 +704,14 @@ class SlurmBackend:
                 out.append(m.task)
         return out
 
+    def _check_member(self, gid: str, m: JobRecord) -> bool:
+        """:meth:`_verify` of one member; a member that fails it is no longer the group's
+        (:attr:`refused_members`: its node is not counted, it is never started)."""
+        if self._verify(gid, m):
+            return True
+        self.refused_members.setdefault(gid, set()).add(m.task)
+        return False
+
     def _member_write(self, gid: str, m: JobRecord, argv: list[str]) -> bool:
         """A write to one member that the daemon makes on its own (not a plan's): within this
         cycle's member checks (``max_tag_reads``: one group's thousands of members cannot stall
@@ -704,8 +720,7 @@ class SlurmBackend:
         if self._member_checks <= 0:
             return False
         self._member_checks -= 1
-        if not self._verify(gid, m):
-            self.refused_members.setdefault(gid, set()).add(m.task)
+        if not self._check_member(gid, m):
             return False
         try:
             self.runner.write(argv)
@@ -893,12 +908,11 @@ class SlurmBackend:
             m = by_task.get(task)
             if node in stay or m is None:
                 continue
-            if not self._verify(gid, m):     # no longer the group's; its node is not freed this cycle
-                self.refused_members.setdefault(gid, set()).add(task)
+            if not self._check_member(gid, m):     # no longer the group's; its node is not freed this cycle
                 blocked.setdefault(node, gid)
                 continue
             del placed[task]
-            book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+            book = replace(book, members=Book.entries(placed),
                            launching=tuple(n for n in book.launching if n != node),
                            running=tuple(n for n in book.running if n != node), last_change_s=now,
                            paused_until_s=now + (tag.rescale_down_s if tag else 0.0), change_dir="down",
@@ -934,12 +948,11 @@ class SlurmBackend:
         for m in spare:
             if not new:
                 break
-            if not self._verify(gid, m):     # refused: never tried again; the next spare one may be
-                self.refused_members.setdefault(gid, set()).add(m.task)
+            if not self._check_member(gid, m):     # refused: never tried again; the next spare one may be
                 continue
             node = new.pop(0)
             placed[m.task] = node
-            book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+            book = replace(book, members=Book.entries(placed),
                            launching=tuple(sorted({*book.launching, node})), launch_t=now, last_change_s=now,
                            paused_until_s=now + (tag.rescale_up_s if tag else 0.0), change_dir="up",
                            change_hold_s=now, change_release_s=now, change_nodes=len(a.to_nodes))
@@ -951,7 +964,7 @@ class SlurmBackend:
             except SlurmCommandError as exc:
                 self.events.failed_actions += 1
                 del placed[m.task]
-                book = replace(book, members=tuple(f"{t}@{n}" for t, n in sorted(placed.items())),
+                book = replace(book, members=Book.entries(placed),
                                launching=tuple(n for n in book.launching if n != node))
                 self._put(gid, book)
                 log.error("job %s: starting member %s on %s failed, it stays held: %s", gid, m.spec, node, exc)
