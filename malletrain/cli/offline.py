@@ -38,6 +38,10 @@ NODES = positive(int, MAX_NODES)
 JOBS = positive(int, 1_000_000)
 NOISE = bounded(float, 0, 1)                 # relative: 1 = as large as the rate itself
 TIME_LIMIT = positive(float, 1e6)            # a solver limit per decision
+ELASTIC_HELP = ("every job rescales in place (issue #26's elastic jobs): a shrink or preemption pauses it "
+                "SHRINK s, a grow pauses it GROW s while the new nodes start their processes for the "
+                "workload's rescale_up_s; a start from no nodes is still a restart. Measured here: "
+                "0.05,0.038 (README, 'Rescaling in place')")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -85,11 +89,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--rescale-guess", type=_guess, default=(30.0, 10.0), metavar="UP,DOWN",
                    help="the rescale pauses (s) the malletrain and bftrainer-guess policies are told "
                         "and learn from (default 30,10); 'truth': the workload's")
-    r.add_argument("--elastic", type=_pauses, metavar="GROW,SHRINK",
-                   help="every job rescales in place (issue #26's elastic jobs): a shrink or preemption pauses it "
-                        "SHRINK s, a grow pauses it GROW s while the new nodes start their processes for the "
-                        "workload's rescale_up_s; a start from no nodes is still a restart. Measured here: "
-                        "0.05,0.038 (README, 'Rescaling in place')")
+    r.add_argument("--elastic", type=_pauses, metavar="GROW,SHRINK", help=ELASTIC_HELP)
     r.add_argument("--no-learn-rescale", action="store_true",
                    help="charge the told pauses for ever (no measurements)")
     r.add_argument("--no-availability", action="store_true",
@@ -178,11 +178,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bq.add_argument("--plain", action="store_true",
                     help="add a 'malletrain-plain' row: malletrain without learned pauses, predicted "
                          "stays and variability, told the true pauses (as before issue #12)")
-    bq.add_argument("--elastic", type=_pauses, metavar="GROW,SHRINK",
-                    help="every job rescales in place (issue #26's elastic jobs): a shrink or preemption pauses it "
-                         "SHRINK s, a grow pauses it GROW s while the new nodes start their processes for the "
-                         "workload's rescale_up_s; a start from no nodes is still a restart. Measured here: "
-                         "0.05,0.038 (README, 'Rescaling in place')")
+    bq.add_argument("--elastic", type=_pauses, metavar="GROW,SHRINK", help=ELASTIC_HELP)
     bq.add_argument("--planned-lead", type=bounded(float, 0, MAX_SECONDS), metavar="S",
                     help="the policies' rows know each idle node's next busy time S seconds ahead, as "
                          "Slurm's planned starts would (the plain, bound and clairvoyant rows do not change)")
@@ -353,22 +349,23 @@ def _weight(text: str) -> tuple[str, float]:
     return user.strip(), bounded(float, 0, 1e6, above=True)(w)
 
 
-def _pauses(text: str) -> tuple[float, float]:
+def _pause_pair(text: str, expected: str) -> tuple[float, float]:
+    """Two pauses in seconds, ``A,B``, each within [0, MAX_PAUSE_S]."""
     parts = text.split(",")
     if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected GROW,SHRINK seconds, got {clipped(text)}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {clipped(text)}")
     conv = bounded(float, 0, MAX_PAUSE_S)
     return conv(parts[0]), conv(parts[1])
+
+
+def _pauses(text: str) -> tuple[float, float]:
+    return _pause_pair(text, "GROW,SHRINK seconds")
 
 
 def _guess(text: str) -> tuple[float, float] | None:
     if text.strip() == "truth":
         return None
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected UP,DOWN seconds or 'truth', got {clipped(text)}")
-    conv = bounded(float, 0, MAX_PAUSE_S)
-    return conv(parts[0]), conv(parts[1])
+    return _pause_pair(text, "UP,DOWN seconds or 'truth'")
 
 
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
