@@ -91,3 +91,31 @@ def test_bad_settings_are_clear_errors(tmp_path, kwargs, needle):
     from malletrain.domain.errors import InputError
     with pytest.raises(InputError, match=needle):
         Malleable(str(tmp_path / "ck"), env={}, **kwargs)
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+    except OSError:
+        return None
+    return int(env[b"RANK"]) if b"RANK" in env else None
+
+
+def test_a_stop_signalled_to_another_rank_only_is_timed_from_that_signal(tmp_path):
+    """torchrun's agents forward a preemption's SIGTERM each at its own time, so rank 0 (which
+    writes the records) may agree to stop before its own copy comes.  Its exit record then counts
+    from the first signal in the job, says the signal came through a peer, and is never blank
+    (a CI run once found ``signal_to_exit_s: null`` here)."""
+    metrics = str(tmp_path / "m.jsonl")
+    p = _run("train_malleable.py", 2, tmp_path, "out", 80, extra=["--ckpt", str(tmp_path / "ck")], metrics=metrics)
+    wait_step(metrics, 50)
+    others = [pid for pid in worker_pids(f"--ckpt {tmp_path / 'ck'}") if _rank_of(pid) == 1]
+    assert len(others) == 1, others
+    os.kill(others[0], signal.SIGTERM)
+    rc, _, err = finished(p)
+    assert rc == 3, err[-3000:]
+    stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
+    assert stop["reason"] == "signal" and stop["signal"] == "peer", stop
+    assert stop["signal_to_exit_s"] is not None and 0 <= stop["signal_to_exit_s"] < 10, stop
+    assert any(r["event"] == "checkpoint" and r["step"] == stop["step"] for r in progress_records(metrics))

@@ -142,3 +142,19 @@ def test_selfcheck_rejects_bad_arguments_with_exit_2(argv, match):
     out = subprocess.run([sys.executable, "-m", "malletrain", "selfcheck", "consistency", *argv],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and match in out.stderr, out.stderr
+
+
+def test_a_stop_agreed_from_a_peer_counts_from_the_peers_signal():
+    now = [50.0]
+    st = StopRequest(deadline_s=5.0, clock=lambda: now[0])
+    assert st.name() == "-" and st.since_s() is None
+    st.peer(1.25)                      # another rank got SIGTERM 1.25 s ago
+    assert st.requested and st.name() == "peer" and st.since_s() == pytest.approx(1.25)
+    now[0] += 4.0
+    assert st.forced                   # 5.25 s since the first signal anywhere in the job
+    st.notify(signal.SIGTERM)          # this rank's own copy, later: the first signal still counts
+    assert st.since_s() == pytest.approx(5.25)
+    own = StopRequest(deadline_s=5.0, clock=lambda: now[0])
+    own.notify(signal.SIGUSR2)
+    own.peer(3.0)                      # its own signal came first: unchanged
+    assert own.name() == "SIGUSR2" and own.since_s() == 0.0

@@ -187,9 +187,7 @@ class Malleable(Contract):
         ``SystemExit`` (3: requeue; 0: pruned)."""
         if not accelerator.sync_gradients:
             return False
-        flags = self.stepped()
-        if dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        flags = self.agree(self.stepped())
         if flags[PRUNE] > 0 or flags[STOP] > 0:
             self.stopped = "pruned" if flags[PRUNE] > 0 else "signal"
             if self.stopped == "signal":

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from malletrain.domain.errors import InputError
 from malletrain.domain.safefile import write_atomic
@@ -176,17 +177,29 @@ class Contract:
     # ---- the step boundary -----------------------------------------------------------------
     def stepped(self) -> torch.Tensor:
         """Count an optimizer step, write its progress record, and return this rank's flags
-        (stop, checkpoint due, pruned) for the ranks to agree on (MAX all-reduce)."""
+        (stop, checkpoint due, pruned) for the ranks to agree on (:meth:`agree`).  The stop flag is
+        1 + the seconds since this rank's signal, so the agreed flag also says when the first
+        signal anywhere in the job came."""
         self.global_step += 1
         self.in_epoch += 1
         now = time.perf_counter()
         self.metrics.record("progress", step=self.global_step, samples=self.samples,
                             step_s=round(now - self._t_step, 5))
         self._t_step = now
-        flags = torch.tensor([float(self.stop.requested), 0.0, float(self._prune)])
+        since = self.stop.since_s()
+        flags = torch.tensor([0.0 if since is None else 1.0 + since, 0.0, float(self._prune)])
         every = self.checkpoint_every_s
         if self.rank == 0 and every and time.monotonic() - self._last_ckpt_t >= every:
             flags[CKPT] = 1.0
+        return flags
+
+    def agree(self, flags: torch.Tensor) -> torch.Tensor:
+        """The ranks' agreement on :meth:`stepped`'s flags (MAX all-reduce).  A rank that stops
+        before its own copy of the signal came counts its stop from the first rank's."""
+        if dist.is_initialized():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[STOP] > 0 and not self.stop.requested:
+            self.stop.peer(float(flags[STOP]) - 1.0)
         return flags
 
     # ---- records ---------------------------------------------------------------------------

@@ -150,9 +150,7 @@ class Malleable(Contract):
         sched = scheduler or self._scheduler
         if sched is not None:
             sched.step()
-        flags = self.stepped()
-        if dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        flags = self.agree(self.stepped())
         if flags[PRUNE] > 0 or flags[STOP] > 0:
             self.stopped = "pruned" if flags[PRUNE] > 0 else "signal"
             if self.stopped == "signal":

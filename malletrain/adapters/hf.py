@@ -158,9 +158,7 @@ class Malleable(Contract, TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs) -> None:
         self.global_step = state.global_step - 1
         self.epoch = int(state.epoch or 0)
-        flags = self.stepped()
-        if dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        flags = self.agree(self.stepped())
         if flags[PRUNE] > 0:
             self.stopped = "pruned"
             self.exit_record(log)

@@ -198,9 +198,7 @@ class Malleable(Contract, pl.Callback):
         if trainer.global_step == self._seen_step:
             return                                       # a micro-batch that did not step
         self._seen_step = trainer.global_step
-        flags = self.stepped()
-        if dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        flags = self.agree(self.stepped())
         if flags[PRUNE] > 0 or flags[STOP] > 0:
             self.stopped = "pruned" if flags[PRUNE] > 0 else "signal"
             if self.stopped == "signal":

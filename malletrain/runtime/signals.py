@@ -47,6 +47,14 @@ class StopRequest:
         elif now - self.t_first >= self.repeat_gap_s:
             self.repeated = True
 
+    def peer(self, age_s: float) -> None:
+        """Another rank of the job got the signal ``age_s`` seconds ago and the ranks agreed to
+        stop before this one got its own copy (torchrun agents forward a preemption's SIGTERM
+        each at its own time): the stop counts from the first signal anywhere in the job."""
+        if self.t_first is None:
+            now = self.clock()
+            self.t_first, self.wall_first = now - max(0.0, age_s), time.time() - max(0.0, age_s)
+
     @property
     def requested(self) -> bool:
         return self.t_first is not None
@@ -61,4 +69,6 @@ class StopRequest:
         return None if self.t_first is None else self.clock() - self.t_first
 
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else "-"
+        if self.signum:
+            return signal.Signals(self.signum).name
+        return "peer" if self.t_first is not None else "-"
