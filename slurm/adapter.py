@@ -78,6 +78,7 @@ from malletrain.slurm.versions import Release, parse_release
 
 log = logging.getLogger("malletrain.slurm")
 MAX_ENDED_READ = 500      # ended jobs read per cycle (one squeue -j list)
+MAX_GROUP_READ = 500      # arrays of the harvest partition read task by task per cycle (one squeue -r -j list)
 TOPOLOGY_RETRY = 60       # cycles before a failed topology read is tried again
 MAX_LIMIT_USERS = 200     # owners whose association node limits one sacctmgr read asks for
 
@@ -148,6 +149,7 @@ class SlurmBackend:
         self.events = Events()
         self.records: dict[str, JobRecord] = {}     # malleable jobs seen last cycle
         self.groups: dict[str, tuple[JobRecord, ...]] = {}   # array id -> its tasks (elastic groups' members)
+        self.not_groups: set[str] = set()   # harvest-partition arrays found no group: not read task by task again
         self.refused_members: dict[str, set[int]] = {}     # group -> tasks that failed a check: not its
         self._member_checks = 0                             # member checks left this cycle (max_tag_reads)
         self.tags: dict[str, Tag] = {}
@@ -229,6 +231,7 @@ class SlurmBackend:
             self._reservations = parse_reservations(
                 self.runner.read(["scontrol", "-o", "show", "reservation"]))
         self._read_tags(jobs)
+        self._judge_arrays()
         self.nodes_used = {}
         for r in jobs:
             held = self._held_nodes(r)
@@ -452,6 +455,16 @@ class SlurmBackend:
                                                        unknown_job_ok=True))
         return replace(rec, job_id=job) if rec is not None else None
 
+    def _judge_arrays(self) -> None:
+        """An array whose tag was read and is no group tag is no group: its tasks are not read one
+        by one again while it stays in the queue (a tag its owner changes later is not seen)."""
+        for gid in self.groups:
+            rec = self.tag_records.get(gid)
+            if rec is not None:
+                tag = parse_tag(rec.comment)
+                if tag is None or not tag.group:
+                    self.not_groups.add(gid)
+
     def _tag_of(self, r: JobRecord) -> Tag | None:
         rec = self.tag_records.get(r.job_id)
         if rec is None or not self._candidate(r) or rec.uid != r.uid or rec.partition != r.partition:
@@ -507,16 +520,38 @@ class SlurmBackend:
         return True
 
     def _jobs(self) -> list[JobRecord]:
-        # -r (elastic groups only): one line per array task, as members are held and started one by one
-        expand = ["-r"] if self.slurm.elastic_groups else []
-        return self._parse(self.runner.read(["squeue", "-h", "-a", *expand, "-o", SQUEUE_FORMAT]))
+        # no -r: squeue shows each array's pending tasks as one line (its running ones each on its
+        # own), so a queue of large pending arrays costs a line per array
+        return self._parse(self.runner.read(["squeue", "-h", "-a", "-o", SQUEUE_FORMAT]))
 
     def _fold(self, jobs: list[JobRecord]) -> list[JobRecord]:
-        """The harvest partition's arrays as one record each (groups.py); their tasks kept.  With
-        ``elastic_groups`` off nothing is folded: arrays stay records that are never adopted."""
+        """The harvest partition's arrays as one record each (groups.py); their tasks kept.
+
+        squeue without ``-r`` merges an array's pending tasks into one line, even those with
+        records and reasons of their own (22.05, 24.11 and 26.05): a held spare and a member
+        released onto a node look alike there.  So the arrays of the harvest partition are read
+        once more, task by task (one ``squeue -r -j`` for all of them, adopted groups first, at
+        most :data:`MAX_GROUP_READ`), except those found no group (:meth:`_judge_arrays`): one
+        read more per cycle, and pending tasks anywhere else cost a line per array.  With
+        ``elastic_groups`` off nothing is read or folded: arrays stay records that are never
+        adopted."""
         if not self.slurm.elastic_groups:
             return jobs
-        out, self.groups = grp.fold(jobs, self.slurm.partition)
+        part = self.slurm.partition
+        arrays = {r.array_id for r in jobs if r.array_id and r.partition == part}
+        self.not_groups &= arrays
+        want = sorted(arrays - self.not_groups, key=lambda a: (a not in self.books, _job_order(a)))
+        if len(want) > MAX_GROUP_READ:
+            log.warning("%d arrays in %s; reading the tasks of %d of them this cycle", len(want), part,
+                        MAX_GROUP_READ)
+            want = want[:MAX_GROUP_READ]
+        chosen = set(want)
+        if chosen:
+            tasks = self._parse(self.runner.read(["squeue", "-h", "-a", "-r", "-j", ",".join(want),
+                                                  "-o", SQUEUE_FORMAT], unknown_job_ok=True))
+            jobs = [r for r in jobs if r.array_id not in chosen] + [r for r in tasks if r.array_id in chosen]
+        out, self.groups = grp.fold(jobs, part, chosen)
+        self.not_groups |= chosen - set(self.groups)
         for gid in [g for g in self.refused_members if g not in self.groups]:
             del self.refused_members[gid]
         return out

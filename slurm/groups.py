@@ -3,9 +3,10 @@
 Slurm cannot grow a running job and preempts whole jobs, so an elastic job is one array whose
 tasks each take one node (``malletrain submit --elastic``).  Slurm then holds, starts, preempts
 and requeues each node's member on its own, while the training runtime re-forms its process
-group in place (:mod:`malletrain.runtime.elastic`).  The queue read (``squeue -r``) lists every
-task; :func:`fold` turns the tasks of one array in the harvest partition into a single record,
-the one the core sees: its id is the array's, its nodes are its running members' nodes.
+group in place (:mod:`malletrain.runtime.elastic`).  The queue read shows an array's pending
+tasks as one line; the backend reads the harvest partition's arrays once more task by task
+(``squeue -r -j``), and :func:`fold` turns the tasks of one array into a single record, the one
+the core sees: its id is the array's, its nodes are its running members' nodes.
 
 Member states, as the backend reads them (one line of ``squeue -r`` each):
 
@@ -25,29 +26,31 @@ PENDING while one is launching, else held.  Pure: no I/O; imports ``slurm.parse`
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from malletrain.slurm.parse import JobRecord, Phase
 
 MAX_MEMBERS = 4096      # tasks of one array the daemon looks at (a tag's max nodes is far lower)
 
 
-def fold(records: Iterable[JobRecord], partition: str) -> tuple[list[JobRecord], dict[str, tuple[JobRecord, ...]]]:
-    """The queue's records with the array tasks of ``partition`` folded into one record per
-    array, and each array's members (by task id, at most :data:`MAX_MEMBERS`)."""
+def fold(records: Iterable[JobRecord], partition: str,
+         arrays: Collection[str]) -> tuple[list[JobRecord], dict[str, tuple[JobRecord, ...]]]:
+    """The queue's records with the tasks of ``arrays`` in ``partition`` (read one line a task:
+    ``squeue -r``) folded into one record per array, and each array's members (by task id, at
+    most :data:`MAX_MEMBERS`).  Other arrays' lines stay as they are."""
     out: list[JobRecord] = []
     tasks: dict[str, list[JobRecord]] = {}
     for r in records:
-        if r.array_id and r.partition == partition and r.uid is not None:
+        if r.array_id in arrays and r.partition == partition and r.uid is not None:
             tasks.setdefault(r.array_id, []).append(r)
         else:
             out.append(r)
     groups: dict[str, tuple[JobRecord, ...]] = {}
     for gid, members in tasks.items():
-        # one owner, one node per task, a bounded count: anything else is no group (its tasks stay
-        # records of their own, counted as every job is, never adopted)
+        # one owner, one node per task, a bounded count, each task on its own line: anything else
+        # is no group (its tasks stay records of their own, counted as every job is, never adopted)
         if len({m.uid for m in members}) != 1 or len(members) > MAX_MEMBERS \
-                or any(m.node_count != 1 for m in members):
+                or any(m.node_count != 1 or m.task < 0 for m in members):
             out.extend(members)
             continue
         ordered = tuple(sorted(members, key=lambda m: m.task))

@@ -104,8 +104,8 @@ class JobRecord:
     restarts: int = 0
     plain: bool = True           # not an array or heterogeneous job (only plain jobs are adopted)
     run_id: str = ""             # this run's own id where Slurm gives one (26.05+: sluid; versions.py)
-    array_id: str = ""           # an array task (``%i`` is ``ARRAY_TASK``, read with ``squeue -r``): its array
-    task: int = -1               # ... and its task id (-1: not an array task)
+    array_id: str = ""           # an array task (``%i`` is ``ARRAY_TASK``) or an array's pending tasks: its array
+    task: int = -1               # ... and its task id (-1: not one array task: ``squeue -r`` shows each)
 
     @property
     def spec(self) -> str:
@@ -192,6 +192,7 @@ _NODE_SUFFIX = "*~#!%$@^-"
 _ID = re.compile(r"\d{1,12}")
 _SHOWN_ID = re.compile(r"[0-9_\[\]\-,:%+]{1,64}")
 _TASK = re.compile(r"(\d{1,12})_(\d{1,7})")       # one array task, as ``squeue -r`` shows each
+_ARRAY = re.compile(r"(\d{1,12})_\[")              # an array's pending tasks, one line without ``-r``
 _WORD = re.compile(r"[A-Z_]{1,40}")
 _PARTS = re.compile(r"[A-Za-z0-9_.,\-]{1,400}")
 _NODES = re.compile(r"[A-Za-z0-9_.,\-\[\]()]{0,100000}")
@@ -219,12 +220,12 @@ def parse_squeue(text: str, bad: list[str] | None = None) -> list[JobRecord]:
             bad.append(line[:200])
             continue
         jid, shown, part, state, reason, count, nodes, start, sched, submit, user, uid = m.groups()
-        task = _TASK.fullmatch(shown)
+        task = _TASK.fullmatch(shown) or _ARRAY.match(shown)
         try:
             out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
                                  expand(sched), _epoch(submit), _null(user), int(uid), plain=shown == jid,
                                  array_id=task.group(1) if task else "",
-                                 task=int(task.group(2)) if task else -1))
+                                 task=int(task.group(2)) if task and task.re is _TASK else -1))
         except BackendError:
             if bad is None:
                 raise

@@ -64,8 +64,9 @@ class FakeSlurm:
         # like Slurm: without '-t all', squeue lists pending, running and completing jobs only
         everything = "-t" in argv and argv[argv.index("-t") + 1] == "all"
         listed = {j: r for j, r in self.jobs.items() if everything or r["state"] not in ENDED}
-        if cmd == "squeue" and "-j" in argv:
-            ids = [self.key(x) for x in argv[argv.index("-j") + 1].split(",")]
+        if cmd == "squeue" and "-j" in argv:     # an array's id names all of its tasks
+            ids = [k for x in argv[argv.index("-j") + 1].split(",")
+                   for k in ([k for k, r in self.jobs.items() if r.get("array") == x] or [self.key(x)])]
             if len(ids) == 1 and ids[0] not in self.jobs:   # like slurmctld: one id it no longer holds
                 return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
             listed = {j: listed[j] for j in ids if j in listed}
@@ -161,23 +162,42 @@ class FakeSlurm:
         import hostlist
         for j in self.jobs.values():
             if j["state"] == "PENDING" and j["reason"] == "None" and j.get("req"):
-                j.update(state="RUNNING", nodes=tuple(hostlist.expand_hostlist(j["req"])))
+                j.update(state="RUNNING", nodes=tuple(hostlist.expand_hostlist(j["req"])), ran=True)
                 for n in j["nodes"]:
                     self.nodes[n] = "allocated"
 
 
 def _collapsed(listed):
-    """squeue without -r: the pending tasks still on their array's record as one line (``7_[0-2,4]``)."""
-    out, shared = {}, {}
+    """squeue without -r (22.05, 24.11, 26.05): an array's pending tasks that never ran as one
+    line (``7_[0-2,4]``), those split off its record with ids and reasons of their own too; the
+    line has the array's record's id and every reason of the tasks (``JobHeldUser,Resources``).
+    A task requeued after it ran is a line of its own (22.05 and 24.11; 26.05 merges it too)."""
+    out, pending = {}, {}
     for k, r in listed.items():
-        if r.get("array") and r.get("id") == r["array"] and r["state"] == "PENDING":
-            shared.setdefault(r["array"], []).append((k, r))
+        if r.get("array") and r["state"] == "PENDING" and not r.get("ran"):
+            pending.setdefault(r["array"], []).append((k, r))
         else:
             out[k] = r
-    for array, rows in shared.items():
-        tasks = ",".join(k.split("_")[1] for k, _ in rows)
-        out[rows[0][0]] = dict(rows[0][1], shown=f"{array}_[{tasks}]" if len(rows) > 1 else rows[0][0])
+    for array, rows in pending.items():
+        if len(rows) == 1:
+            out[rows[0][0]] = rows[0][1]
+            continue
+        rows.sort(key=lambda kr: int(kr[0].split("_")[1]))
+        own = next((r for _, r in rows if r.get("id") == array), rows[0][1])
+        reasons = ",".join(dict.fromkeys(r["reason"] for _, r in rows))
+        out[rows[0][0]] = dict(own, reason=reasons, shown=f"{array}_[{_ranges(int(k.split('_')[1]) for k, _ in rows)}]")
     return out
+
+
+def _ranges(ids):
+    """``0, 1, 2, 4`` -> ``0-2,4``, as Slurm prints a set of task ids."""
+    spans: list[list[int]] = []
+    for t in ids:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def held_array(fake, gid, tasks, comment=None, uid=1000, partition="scavenger"):

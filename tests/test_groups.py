@@ -53,7 +53,7 @@ def test_squeue_r_lines_name_the_array_and_task_and_fold_into_one_record_per_arr
     assert [(r.array_id, r.task, r.spec, r.plain) for r in recs] == [
         ("50", 2, "50_2", False), ("50", 0, "50_0", False), ("50", 1, "50_1", False),
         ("60", 0, "60_0", False), ("", -1, "70", True)]
-    out, groups = fold(recs, "scavenger")
+    out, groups = fold(recs, "scavenger", {"50", "60"})
     assert [m.task for m in groups["50"]] == [0, 1, 2] and set(groups) == {"50"}
     g = next(r for r in out if r.job_id == "50")
     assert g.phase is Phase.RUNNING and g.nodes == ("n1", "n3") and g.start_s == 110 and g.plain
@@ -180,7 +180,50 @@ def test_a_steady_cycle_with_a_running_group_reads_three_commands_at_most():
     fake.calls.clear()
     b.observe()
     assert len(fake.calls) <= 3, fake.calls
-    assert ["squeue", "-h", "-a", "-r", "-o", fake.calls[0][-1]] == fake.calls[0]
+    assert ["squeue", "-h", "-a", "-o", fake.calls[0][-1]] == fake.calls[0]               # everything, no -r
+    assert ["squeue", "-h", "-a", "-r", "-j", "50", "-o", fake.calls[0][-1]] == fake.calls[1]    # the group's tasks
+
+
+def test_without_r_an_arrays_pending_tasks_are_one_line_and_only_the_harvest_partitions_arrays_are_read_again():
+    """squeue without -r merges an array's pending tasks into one line, even those split off with
+    ids and reasons of their own (22.05: ``15_[0-1,3,5]``; a held spare and a released member
+    look alike), so the backend reads the harvest partition's arrays again with -r -j.  20 held
+    arrays of 1,000 tasks in another partition cost 20 lines of one read, nothing more."""
+    text = "15|15_[0-1,3,5]|scavenger|PENDING|JobHeldUser,Resources|1||N/A|(null)|100|u|1000\n"
+    (r,) = parse_squeue(text)
+    assert (r.array_id, r.task, r.plain) == ("15", -1, False)
+    out, groups = fold([r], "scavenger", {"15"})          # never a member: a line of several tasks
+    assert groups == {} and out == [r]
+    fake = FakeSlurm()
+    for a in range(20):
+        held_array(fake, str(100 + a), 1000, partition="batch", uid=1001, comment="x")
+    held_array(fake, "50", 3)
+    b, _, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1",))])
+    fake.run_pending()
+    fake.calls.clear()
+    (job,) = b.observe().snapshot.jobs
+    assert job.nodes == ("n1",) and [m.task for m in b.groups["50"]] == [0, 1, 2]
+    squeues = [c for c in fake.calls if c[0] == "squeue"]
+    assert [c[-3] if "-j" in c else "all" for c in squeues] == ["all", "50"], squeues
+    lines = [len(fake(c).stdout.splitlines()) for c in squeues]
+    assert lines == [20 + 2, 3], lines      # 20 arrays, the group's pending line and its running task; 3 tasks
+
+
+def test_an_array_found_no_group_is_not_read_task_by_task_again_while_it_stays():
+    fake = FakeSlurm()
+    held_array(fake, "50", 3, comment="just a comment")     # another user's array in the harvest partition
+    held_array(fake, "60", 2)
+    b, _, _ = _backend(fake)
+    b.observe()
+    assert b.not_groups == {"50"}           # its tag was read: no group tag
+    fake.calls.clear()
+    b.observe()
+    assert [c[-3] for c in fake.calls if c[0] == "squeue" and "-r" in c] == ["60"] and set(b.groups) == {"60"}
+    del fake.jobs["50_0"], fake.jobs["50_1"], fake.jobs["50_2"]
+    b.observe()
+    assert b.not_groups == set()           # forgotten once it left the queue
 
 
 def test_a_member_that_runs_without_joining_its_group_is_requeued_after_join_timeout_s():
@@ -205,7 +248,7 @@ def test_a_member_that_runs_without_joining_its_group_is_requeued_after_join_tim
 
 def test_an_array_of_multi_node_tasks_is_no_group_and_its_tasks_stay_jobs_of_their_own():
     text = "50|50_0|scavenger|PENDING|JobHeldUser|2||N/A|(null)|100|u|1000\n"
-    out, groups = fold(parse_squeue(text), "scavenger")
+    out, groups = fold(parse_squeue(text), "scavenger", {"50"})
     assert groups == {} and [r.spec for r in out] == ["50_0"]
 
 

@@ -363,6 +363,12 @@ def test_members_of_a_held_array_start_stop_and_are_preempted_one_node_at_a_time
     base = c.sh("sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--requeue", "--hold", "--array=0-3",
                 "-o", "/dev/null", "--wrap", "sleep 600").strip()
     assert {m["state"] for m in members().values()} == {"PENDING"}
+    # a task updated alone becomes a job record of its own, yet squeue without -r still shows it
+    # on the array's one line of pending tasks, with the others: the backend reads groups with -r -j
+    op(f"{c.bin}/scontrol", "update", f"JobId={base}_3", "ReqNodeList=n4")
+    assert len({m["id"] for m in members().values()}) == 2
+    merged = c.sh("squeue", "-h", "-j", base, "-o", "%i").split()
+    assert merged == [f"{base}_[0-3]"], merged
     for task, node in (("0", "n1"), ("1", "n2"), ("2", "n3")):
         start(task, node)
     wait_until(lambda: [members()[k]["state"] for k in "0123"] == ["RUNNING"] * 3 + ["PENDING"], 60,
