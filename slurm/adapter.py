@@ -585,14 +585,40 @@ class SlurmBackend:
                         len(gone), MAX_ENDED_READ)
             self._ended_backlog = set(gone[MAX_ENDED_READ:])
             gone = gone[:MAX_ENDED_READ]
-        out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-j", ",".join(gone),
-                                            "-o", SQUEUE_FORMAT], unknown_job_ok=True))
+        groups = {j for j in gone if (t := self.tags.get(j)) is not None and t.group}
+        out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", *(["-r"] if groups else []),
+                                            "-j", ",".join(gone), "-o", SQUEUE_FORMAT], unknown_job_ok=True))
+        queued = {r.array_id for r in out if r.array_id in groups and r.phase is not Phase.FINISHED}
+        out = self._ended_groups(out, groups)
         ended = [r for r in out if r.phase is Phase.FINISHED and r.job_id in gone]
         self.ended_watch = {r.job_id for r in ended}
-        for job in set(gone) - self.ended_watch - {r.job_id for r in out}:
+        for job in set(gone) - self.ended_watch - {r.job_id for r in out} - queued:
             if job in self.books:       # purged by Slurm (or never ours): nothing left to requeue
                 self._forget(job)
         return ended
+
+    def _ended_groups(self, out: list[JobRecord], gids: set[str]) -> list[JobRecord]:
+        """Adopted groups that left the queue read, every member ended: one ended record each
+        (groups.ended_record), their members kept for the safety net's requeue (the tasks of one
+        owner, in the harvest partition, at most MAX_MEMBERS, as in :meth:`_fold`)."""
+        if not gids:
+            return out
+        part = self.slurm.partition
+        rest: list[JobRecord] = []
+        tasks: dict[str, list[JobRecord]] = {}
+        for r in out:
+            if r.array_id in gids and r.partition == part and r.uid is not None and r.task >= 0:
+                tasks.setdefault(r.array_id, []).append(r)
+            else:
+                rest.append(r)
+        for gid, ms in tasks.items():
+            members = tuple(sorted(ms, key=lambda m: m.task))
+            rec = grp.ended_record(gid, members)
+            if rec is None or len(members) > grp.MAX_MEMBERS or len({m.uid for m in members}) != 1:
+                continue
+            self.groups[gid] = members
+            rest.append(rec)
+        return rest
 
     def _nodes(self) -> list[NodeRecord]:
         return parse_sinfo(self.runner.read(
@@ -796,8 +822,9 @@ class SlurmBackend:
         return True
 
     def _requeue_group(self, gid: str, why: str) -> bool:
-        """The safety net on a group (hung): every running member requeued held."""
-        running = [m for m in self.groups[gid] if m.phase is Phase.RUNNING]
+        """The safety net on a group (hung, or every member ended without a result): every
+        running or ended member requeued held; the daemon starts them again when it has nodes."""
+        running = [m for m in self.groups[gid] if m.phase in (Phase.RUNNING, Phase.FINISHED)]
         if not all(self._verify(gid, m) for m in running):
             return False
         self._put(gid, replace(self.books.get(gid, Book()), members=(), launching=(), running=(),

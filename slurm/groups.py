@@ -27,6 +27,7 @@ PENDING while one is launching, else held.  Pure: no I/O; imports ``slurm.parse`
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import replace
 
 from malletrain.slurm.parse import JobRecord, Phase
 
@@ -80,6 +81,16 @@ def group_record(gid: str, members: tuple[JobRecord, ...]) -> JobRecord:
     return JobRecord(gid, first.partition, state, reason, max(1, len(nodes)), nodes,
                      min(starts) if starts else None, (), min(submits) if submits else None,
                      first.user, first.uid, restarts=0, plain=True)
+
+
+def ended_record(gid: str, members: tuple[JobRecord, ...]) -> JobRecord | None:
+    """The record of a group none of whose members is queued any more (``members`` read with
+    ``-t all``), for the safety net: ended as its worst member did (a member that failed, not
+    one that completed, decides); None while a member is still queued or none is known."""
+    if not members or any(m.phase is not Phase.FINISHED for m in members):
+        return None
+    worst = next((m.state for m in members if m.state != "COMPLETED"), "COMPLETED")
+    return replace(group_record(gid, members), state=worst, reason="None")
 
 
 def member_on(members: Iterable[JobRecord], node: str) -> JobRecord | None:

@@ -8,7 +8,7 @@ from helpers import GROUP_TAG, TAG, FakeSlurm, held_array, held_job
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import Action, ActionKind, ReasonCode
 from malletrain.slurm.adapter import SlurmBackend
-from malletrain.slurm.groups import fold
+from malletrain.slurm.groups import ended_record, fold
 from malletrain.slurm.parse import Phase, Tag, parse_squeue, parse_tag
 from malletrain.slurm.runner import Runner
 
@@ -303,3 +303,81 @@ def test_without_elastic_groups_the_queue_read_is_as_before_and_no_array_is_adop
     assert [j.job_id for j in b.observe().snapshot.jobs] == ["60"]
     assert ["squeue", "-h", "-a", "-o", fake.calls[2][-1]] in fake.calls
     assert not any("-r" in c for c in fake.calls if c[0] == "squeue")
+
+
+def test_a_group_whose_members_all_ended_without_a_result_is_one_ended_job_and_requeued_whole():
+    """Every member of a running group ended (a node failure, a crash): the group left the queue
+    read, the ended read (-t all -r) gives one ended record that ended as its worst member did,
+    and the safety net's requeue puts every member back on hold, each by ARRAY_TASK."""
+    fake = FakeSlurm()
+    held_array(fake, "50", 3)
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
+    assert _running(b, fake).nodes == ("n1", "n2")
+    fake.end("50_0", "COMPLETED")
+    fake.end("50_1", "NODE_FAIL")
+    obs = b.observe()
+    assert [j.job_id for j in obs.snapshot.jobs] == ["50"]      # a spare is still queued: the group lives
+    assert obs.ended == {}
+    fake.end("50_2", "CANCELLED")                              # ... until its last member goes too
+    fake.jobs["50_2"]["id"] = "77"
+    obs = b.observe()
+    assert obs.snapshot.jobs == () and set(obs.ended) == {"50"} and obs.ended["50"].state == "NODE_FAIL"
+    assert any(c[:2] == ["squeue", "-h"] and "-r" in c and "all" in c for c in fake.calls)
+    fake.calls.clear()
+    assert b.requeue_held("50", "ended NODE_FAIL without a final result")
+    assert sorted(c for c in _writes(fake)) == [["scontrol", "requeuehold", f"50_{t}"] for t in range(3)]
+    (job,) = b.observe().snapshot.jobs
+    assert job.job_id == "50" and job.nodes == () and "50" in b.books
+
+
+def test_an_ended_group_record_ends_as_its_worst_member():
+    done = parse_squeue("51|50_0|scavenger|COMPLETED|None|1|n1|1|(null)|100|u|1000\n"
+                        "52|50_1|scavenger|FAILED|NonZeroExitCode|1|n2|1|(null)|100|u|1000\n")
+    assert ended_record("50", tuple(done)).state == "FAILED"
+    assert ended_record("50", tuple(done[:1])).state == "COMPLETED"
+    queued = parse_squeue("50|50_2|scavenger|PENDING|JobHeldUser|1||N/A|(null)|100|u|1000\n")
+    assert ended_record("50", (*done, *queued)) is None and ended_record("50", ()) is None
+
+
+def test_a_group_that_slurm_preempts_below_its_min_nodes_is_grown_back_by_the_next_plan():
+    """A group of min 2 loses one of its two members to a primary job (Slurm requeues that one
+    member): the core sees it below min_nodes, and its plan never keeps it there (the plan's
+    check refuses that): it grows it back onto free nodes from its held members."""
+    from malletrain.core.cycle import reconcile
+    from malletrain.core.decide import decide
+    from malletrain.domain.config import CoreConfig
+    from malletrain.domain.model import Curve, CurvePoint
+
+    fake = FakeSlurm()
+    held_array(fake, "50", 3, comment=Tag("grp", 2, 3, "p", 0.5, 0.5, "", group=True).encode())
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
+    _running(b, fake)
+    taken = next(k for k, r in fake.jobs.items() if r["nodes"] == ("n2",))
+    fake.jobs[taken].update(state="PENDING", reason="BeginTime", nodes=())     # preempted, requeued by Slurm
+    fake.nodes["n2"] = "allocated"
+    clock["t"] += 10
+    obs = b.observe()
+    (job,) = obs.snapshot.jobs
+    assert job.nodes == ("n1",) and job.spec.min_nodes == 2 and b.events.preemptions == 1
+    linear = Curve({n: CurvePoint(10.0 * n, 10.0 * n, 10.0 * n) for n in range(1, 4)}, None, "oracle")
+    plan = decide(obs.snapshot, {"50": linear}, CoreConfig(policy="oracle"))
+    assert len(plan.allocations["50"]) == 3 and "n2" not in plan.allocations["50"]
+    b.apply(reconcile(obs.snapshot, plan))
+    fake.run_pending()
+    obs = b.observe()
+    (job,) = obs.snapshot.jobs
+    # the spare that was held starts at once: back at min; the preempted member was pending when
+    # this cycle read it, so it is held again and starts with the next plan
+    assert set(job.nodes) == {"n1", "n3"}
+    clock["t"] += 60
+    obs = b.observe()
+    plan = decide(obs.snapshot, {"50": linear}, CoreConfig(policy="oracle"))
+    assert len(plan.allocations["50"]) == 3, plan.reasons
+    b.apply(reconcile(obs.snapshot, plan))
+    fake.run_pending()
+    (job,) = b.observe().snapshot.jobs
+    assert set(job.nodes) == {"n1", "n3", "n4"}

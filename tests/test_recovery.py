@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from helpers import FakeSlurm, held_job
+from helpers import FakeSlurm, held_array, held_job
 
 from malletrain.daemon.recovery import GIVE_UP, RETRY, Ended, Recovery, RecoveryConfig, Running
 
@@ -133,13 +133,13 @@ def test_state_survives_a_restart():
 
 # ---------------------------------------------------------------- through the daemon
 
-def _daemon(tmp_path, fake, **extra):
+def _daemon(tmp_path, fake, slurm=None, **extra):
     from malletrain.daemon.loop import Daemon
     from malletrain.slurm.runner import Runner
     cfg = tmp_path / "c.yaml"
     d = {"state_dir": str(tmp_path / "state"), "metrics_port": 0, "interval_s": 2, "rescale_wait_s": 1,
          "retry_backoff_s": 0, "max_failures": 1, "progress_roots": ["/tmp"], **extra}
-    cfg.write_text(json.dumps({"daemon": d}))
+    cfg.write_text(json.dumps({"daemon": d, **({"slurm": slurm} if slurm else {})}))
     clock = {"t": 1000.0}
     return Daemon(str(cfg), runner=Runner(exec_fn=fake, sleep=lambda s: None, retries=0),
                   clock=lambda: clock["t"]), clock
@@ -344,5 +344,48 @@ def test_a_campaign_trial_that_ended_pruned_or_failed_for_good_is_not_requeued(t
         d.cycle_once()
         assert (("requeuehold", "8") in _writes(fake)) == requeued
         assert d.progress.tail.counters.bad == 0          # the metric record is not malformed
+    finally:
+        d.store.close()
+
+
+def test_an_elastic_group_whose_members_all_ended_without_a_result_is_requeued_whole_by_the_daemon(tmp_path):
+    """Through the daemon (elastic groups on): a group of two running members loses both (a node
+    failure, a crash) before its last record: the group's one ended record reaches the safety
+    net, which requeues both members held, each by ARRAY_TASK; the metrics count its members.
+    A group whose progress file ends 'done' is left alone."""
+    from prometheus_client import generate_latest
+
+    from malletrain.slurm.parse import Tag
+    metrics = tmp_path / "m"
+    metrics.mkdir()
+    os.chmod(tmp_path, 0o755)
+    fake = FakeSlurm()
+    for gid in ("50", "60"):
+        held_array(fake, gid, 2, comment=Tag(f"g{gid}", 1, 2, "p", 0, 0, str(metrics), group=True).encode(),
+                   uid=os.getuid())
+    d, clock = _daemon(tmp_path, fake, slurm={"elastic_groups": True})
+    try:
+        for _ in range(3):
+            d.cycle_once()
+            fake.run_pending()
+            clock["t"] += 2
+        assert {k: r["state"] for k, r in fake.jobs.items()} == dict.fromkeys(("50_0", "50_1", "60_0", "60_1"),
+                                                                             "RUNNING")
+        scraped = generate_latest(d.metrics.registry).decode()
+        assert 'malletrain_group_members{state="running"} 4.0' in scraped, scraped
+        (metrics / "60.jsonl").write_text('{"t": 1, "event": "start", "job": "60"}\n'
+                                          '{"t": 2, "event": "exit", "reason": "done", "job": "60"}\n')
+        fake.end("50_0", "NODE_FAIL")
+        fake.end("50_1", "FAILED")
+        fake.end("60_0", "COMPLETED")
+        fake.end("60_1", "COMPLETED")
+        fake.calls.clear()
+        for _ in range(2):
+            d.cycle_once()
+            clock["t"] += 2
+        assert sorted(w for w in _writes(fake) if w[0] == "requeuehold") == [("requeuehold", "50_0"),
+                                                                             ("requeuehold", "50_1")]
+        assert fake.jobs["50_0"]["state"] == "PENDING" and fake.jobs["60_0"]["state"] == "COMPLETED"
+        assert d.backend.events.recoveries == 1
     finally:
         d.store.close()

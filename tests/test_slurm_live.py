@@ -395,6 +395,32 @@ def test_members_of_a_held_array_start_stop_and_are_preempted_one_node_at_a_time
 
 
 @MATRIX
+def test_ended_members_of_an_array_are_requeued_held_one_by_one_with_their_ids(clean):
+    """What the safety net does to an elastic group whose members all ended without a result,
+    on every release: each ended member, named by ARRAY_TASK, is requeued held by the operator,
+    keeps its job id and is pending again (the daemon starts it when it has nodes)."""
+    c = clean
+    op = c.as_operator
+    base = c.sh("sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--requeue", "--hold", "--array=0-1",
+                "-o", "/dev/null", "--wrap", "exit 1").strip()
+
+    def members() -> dict[str, tuple[str, str, str]]:
+        out = c.sh("squeue", "-h", "-r", "-t", "all", "-j", base, "-o", "%K|%A|%T|%r")
+        return {k: (a, t, r) for k, a, t, r in (line.split("|") for line in out.splitlines())}
+    for task, node in (("0", "n1"), ("1", "n2")):
+        op(f"{c.bin}/scontrol", "update", f"JobId={base}_{task}", f"ReqNodeList={node}", "StartTime=now")
+        op(f"{c.bin}/scontrol", "release", f"{base}_{task}")
+    wait_until(lambda: [m[1] for m in members().values()] == ["FAILED"] * 2, 60, "both members to fail")
+    ended = members()
+    for task in ("0", "1"):
+        op(f"{c.bin}/scontrol", "requeuehold", f"{base}_{task}")
+    wait_until(lambda: {m[1] for m in members().values()} == {"PENDING"}, 30, "both members queued again")
+    again = members()
+    assert {k: m[0] for k, m in again.items()} == {k: m[0] for k, m in ended.items()}, (ended, again)
+    assert all("held" in m[2] for m in again.values()), again
+
+
+@MATRIX
 def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
     """Primary jobs of known sizes run; slurmdbd's record of them (``sacct``, the export the
     README names, in Slurm's default time format) is replayed: the idle node-seconds replay

@@ -438,8 +438,10 @@ class Daemon:
             m.decision_seconds.observe(result.decision_ms / 1000.0)
         m.idle_nodes.set(b.idle_nodes)
         m.allocated_nodes.set(sum(len(r.nodes) for r in b.records.values() if r.phase is Phase.RUNNING))
+        members = [x for gid in b.records for x in b.groups.get(gid, ())]
         for phase in Phase:
             m.jobs.labels(state=phase.value).set(sum(1 for r in b.records.values() if r.phase is phase))
+            m.members.labels(state=phase.value).set(sum(1 for x in members if x.phase is phase))
         e = b.events
         for name, value in (("preemptions", e.preemptions), ("rescales", e.rescales),
                             ("starts", e.starts), ("stops", e.stops), ("vacates", e.vacates),

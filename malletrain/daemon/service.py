@@ -73,7 +73,8 @@ class DaemonMetrics:
 
     Names are those of earlier releases: counters end in ``_total``, latencies
     are summaries (``_sum``/``_count``); prometheus-client adds ``_created``.
-    ``malletrain_decisions_total{code}`` counts applied changes by reason code.
+    ``malletrain_decisions_total{code}`` counts applied changes by reason code;
+    ``malletrain_group_members{state}`` the members of adopted elastic groups.
     """
 
     def __init__(self) -> None:
@@ -83,6 +84,8 @@ class DaemonMetrics:
                                 registry=r)
         self.allocated_nodes = Gauge("malletrain_allocated_nodes", "Nodes malleable jobs hold", registry=r)
         self.jobs = Gauge("malletrain_jobs", "Malleable jobs by state", ["state"], registry=r)
+        self.members = Gauge("malletrain_group_members", "Members of adopted elastic groups by state",
+                             ["state"], registry=r)
         self.events = {name: Counter(f"malletrain_{name}_total", text, registry=r) for name, text in (
             ("preemptions", "Malleable jobs requeued by Slurm"),
             ("rescales", "Grow/shrink operations applied"),
