@@ -529,10 +529,11 @@ class SlurmBackend:
 
         squeue without ``-r`` merges an array's pending tasks into one line, even those with
         records and reasons of their own (22.05, 24.11 and 26.05): a held spare and a member
-        released onto a node look alike there.  So the arrays of the harvest partition are read
-        once more, task by task (one ``squeue -r -j`` for all of them, adopted groups first, at
-        most :data:`MAX_GROUP_READ`), except those found no group (:meth:`_judge_arrays`): one
-        read more per cycle, and pending tasks anywhere else cost a line per array.  With
+        released onto a node look alike there.  When every reason on that line is a hold, its
+        task list says it all (a steady group: no read more, groups.from_lines); the other arrays
+        of the harvest partition are read once more, task by task (one ``squeue -r -j`` for all
+        of them, adopted groups first, at most :data:`MAX_GROUP_READ`), except those found no
+        group (:meth:`_judge_arrays`).  Pending tasks anywhere else cost a line per array.  With
         ``elastic_groups`` off nothing is read or folded: arrays stay records that are never
         adopted."""
         if not self.slurm.elastic_groups:
@@ -546,10 +547,19 @@ class SlurmBackend:
                         MAX_GROUP_READ)
             want = want[:MAX_GROUP_READ]
         chosen = set(want)
-        if chosen:
-            tasks = self._parse(self.runner.read(["squeue", "-h", "-a", "-r", "-j", ",".join(want),
-                                                  "-o", SQUEUE_FORMAT], unknown_job_ok=True))
-            jobs = [r for r in jobs if r.array_id not in chosen] + [r for r in tasks if r.array_id in chosen]
+        lines: dict[str, list[JobRecord]] = {}
+        for r in jobs:
+            if r.array_id in chosen and r.partition == part:
+                lines.setdefault(r.array_id, []).append(r)
+        known = {a: grp.from_lines(ls) for a, ls in lines.items()}
+        unclear = [a for a in want if known.get(a) is None]
+        tasks: list[JobRecord] = [m for ms in known.values() if ms is not None for m in ms]
+        if unclear:
+            wide = set(unclear)
+            tasks += [r for r in self._parse(self.runner.read(
+                ["squeue", "-h", "-a", "-r", "-j", ",".join(unclear), "-o", SQUEUE_FORMAT], unknown_job_ok=True))
+                      if r.array_id in wide]
+        jobs = [r for r in jobs if r.array_id not in chosen or r.partition != part] + tasks
         out, self.groups = grp.fold(jobs, part, chosen)
         self.not_groups |= chosen - set(self.groups)
         for gid in [g for g in self.refused_members if g not in self.groups]:

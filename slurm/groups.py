@@ -3,10 +3,11 @@
 Slurm cannot grow a running job and preempts whole jobs, so an elastic job is one array whose
 tasks each take one node (``malletrain submit --elastic``).  Slurm then holds, starts, preempts
 and requeues each node's member on its own, while the training runtime re-forms its process
-group in place (:mod:`malletrain.runtime.elastic`).  The queue read shows an array's pending
-tasks as one line; the backend reads the harvest partition's arrays once more task by task
-(``squeue -r -j``), and :func:`fold` turns the tasks of one array into a single record, the one
-the core sees: its id is the array's, its nodes are its running members' nodes.
+group in place (:mod:`malletrain.runtime.elastic`).  The queue read (no ``-r``) shows an array's
+pending tasks as one line, which is enough when they are all held (:func:`from_lines`: a steady
+group); otherwise the backend reads that array once more task by task (``squeue -r -j``).
+:func:`fold` turns the tasks of one array into a single record, the one the core sees: its id is
+the array's, its nodes are its running members' nodes.
 
 Member states, as the backend reads them (one line of ``squeue -r`` each):
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import replace
 
-from malletrain.slurm.parse import JobRecord, Phase
+from malletrain.slurm.parse import JobRecord, Phase, all_held, array_tasks
 
 MAX_MEMBERS = 4096      # tasks of one array the daemon looks at (a tag's max nodes is far lower)
 
@@ -58,6 +59,24 @@ def fold(records: Iterable[JobRecord], partition: str,
         groups[gid] = ordered
         out.append(group_record(gid, ordered))
     return out, groups
+
+
+def from_lines(lines: Iterable[JobRecord]) -> tuple[JobRecord, ...] | None:
+    """An array's members from the plain queue read (no ``-r``), when its lines say enough: a
+    task that runs (or was requeued after it ran) is a line of its own; the pending tasks share
+    one line, which is enough only when every reason on it is a hold (then every task on it is a
+    held member) and its task list is whole.  None otherwise: a member launching onto a node or
+    requeued by Slurm hides in that line, and the array is read task by task (``squeue -r``)."""
+    out: list[JobRecord] = []
+    for r in lines:
+        if r.task >= 0:
+            out.append(r)
+            continue
+        ids = array_tasks(r.tasks, MAX_MEMBERS) if all_held(r.reason) else None
+        if ids is None:
+            return None
+        out.extend(replace(r, task=t, tasks="", reason="JobHeldUser") for t in ids)
+    return tuple(out)
 
 
 def group_record(gid: str, members: tuple[JobRecord, ...]) -> JobRecord:

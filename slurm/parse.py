@@ -106,6 +106,7 @@ class JobRecord:
     run_id: str = ""             # this run's own id where Slurm gives one (26.05+: sluid; versions.py)
     array_id: str = ""           # an array task (``%i`` is ``ARRAY_TASK``) or an array's pending tasks: its array
     task: int = -1               # ... and its task id (-1: not one array task: ``squeue -r`` shows each)
+    tasks: str = ""              # an array's pending tasks on one line (``%i`` ``A_[0-3,7]``): that list, as shown
 
     @property
     def spec(self) -> str:
@@ -186,13 +187,18 @@ _NODE_SUFFIX = "*~#!%$@^-"
 
 # What each Slurm-written field may look like; a line that does not match is
 # not a record (no user can produce one: none of these fields holds user text).
-# ``%A`` is the plain numeric job id; ``%i`` shows arrays and heterogeneous jobs
-# (``12_3``, ``12_[1-25:2]``, ``12+1``) and is cut to 31 characters for long pending
-# arrays, so it is matched loosely and only tells whether the job is a plain one.
+# ``%A`` is the plain numeric job id; ``%i`` shows arrays and heterogeneous jobs (``12_3``,
+# ``12+1``, and ``12_[1-2,5,8-20:4%2]``: an array's pending tasks on one line, the throttle
+# after '%').  How much of that task list Slurm prints is SLURM_BITSTR_LEN, which the runner
+# sets to TASKS_SHOWN_MAX: a longer list is cut to that length - 1 and ends in "..." (22.05,
+# 24.11 and 26.05 alike; unset, %i is cut at 31 characters with no mark).  A list cut short is
+# no list of tasks (:func:`array_tasks`): the line still tells an array from a plain job.
 _ID = re.compile(r"\d{1,12}")
-_SHOWN_ID = re.compile(r"[0-9_\[\]\-,:%+]{1,64}")
+TASKS_SHOWN_MAX = 65536
+_SHOWN_ID = re.compile(rf"[0-9_\[\]\-,:%+.]{{1,{TASKS_SHOWN_MAX + 40}}}")
 _TASK = re.compile(r"(\d{1,12})_(\d{1,7})")       # one array task, as ``squeue -r`` shows each
-_ARRAY = re.compile(r"(\d{1,12})_\[")              # an array's pending tasks, one line without ``-r``
+_ARRAY = re.compile(r"(\d{1,12})_\[([0-9,:\-.]*)")  # an array's pending tasks, one line without ``-r``
+_TASK_ITEM = re.compile(r"(\d{1,7})(?:-(\d{1,7})(?::(\d{1,7}))?)?")
 _WORD = re.compile(r"[A-Z_]{1,40}")
 _PARTS = re.compile(r"[A-Za-z0-9_.,\-]{1,400}")
 _NODES = re.compile(r"[A-Za-z0-9_.,\-\[\]()]{0,100000}")
@@ -225,12 +231,46 @@ def parse_squeue(text: str, bad: list[str] | None = None) -> list[JobRecord]:
             out.append(JobRecord(jid, part, state, _null(reason), int(count), expand(nodes), _epoch(start),
                                  expand(sched), _epoch(submit), _null(user), int(uid), plain=shown == jid,
                                  array_id=task.group(1) if task else "",
-                                 task=int(task.group(2)) if task and task.re is _TASK else -1))
+                                 task=int(task.group(2)) if task and task.re is _TASK else -1,
+                                 tasks=task.group(2) if task and task.re is _ARRAY and shown.endswith("]") else ""))
         except BackendError:
             if bad is None:
                 raise
             bad.append(line[:200])
     return out
+
+
+def array_tasks(shown: str, limit: int) -> tuple[int, ...] | None:
+    """The task ids of an array's task list as squeue prints it (``0-3,7,10-20:5``), in order;
+    None when it holds more than ``limit`` tasks, is no such list, or was cut short ("..." or as
+    long as SLURM_BITSTR_LEN lets Slurm print).  The count is known before any id is made:
+    bounded time and memory whatever the list."""
+    if not shown or len(shown) >= TASKS_SHOWN_MAX - 1:
+        return None
+    spans: list[range] = []
+    total = 0
+    for item in shown.split(","):
+        m = _TASK_ITEM.fullmatch(item)
+        if m is None:
+            return None
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) else first
+        step = int(m.group(3)) if m.group(3) else 1
+        if last < first or step < 1:
+            return None
+        span = range(first, last + 1, step)
+        total += len(span)
+        if total > limit:
+            return None
+        spans.append(span)
+    return tuple(sorted({t for span in spans for t in span}))
+
+
+def all_held(reasons: str) -> bool:
+    """Whether every reason of an array's one line of pending tasks (squeue joins theirs with
+    ',') is a hold.  A reason that holds a comma itself (``ReqNodeNotAvail, UnavailableNodes:…``)
+    splits into parts that are no hold: never taken for one."""
+    return all(is_held(part.strip()) for part in reasons.split(","))
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@
   ``/opt/slurm/24.11/bin``), else from ``PATH``;
 * a sanitised environment: ``SQUEUE_*``, ``SINFO_*``, ``SBATCH_*``,
   ``SCONTROL_*``, ``SLURM_TIME_FORMAT`` … from the caller are dropped (they
-  change output formats), ``LC_ALL=C`` and ``SLURM_TIME_FORMAT=%s`` (epoch
-  seconds) are set, ``SLURM_CONF`` is passed when configured;
+  change output formats), ``LC_ALL=C``, ``SLURM_TIME_FORMAT=%s`` (epoch
+  seconds) and ``SLURM_BITSTR_LEN`` (an array's pending tasks listed whole:
+  :mod:`malletrain.slurm.parse`) are set, ``SLURM_CONF`` is passed when configured;
 * read commands are retried with jittered exponential backoff; write
   commands are not (their callers decide what is safe to repeat); once the
   ``stop`` event is set (the daemon was told to stop) a failed read is not
@@ -29,11 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from malletrain.domain.errors import BackendError
+from malletrain.slurm.parse import TASKS_SHOWN_MAX
 
 log = logging.getLogger("malletrain.slurm")
 
 _DROP_PREFIXES = ("SQUEUE_", "SINFO_", "SBATCH_", "SCONTROL_", "SRUN_", "SALLOC_", "SACCT_")
-_DROP = {"SLURM_TIME_FORMAT", "SLURM_CONF", "LANG", "LANGUAGE"}
+_DROP = {"SLURM_TIME_FORMAT", "SLURM_BITSTR_LEN", "SLURM_CONF", "LANG", "LANGUAGE"}
 
 
 class SlurmCommandError(BackendError):
@@ -78,6 +80,7 @@ def clean_env(base: Mapping[str, str], slurm_conf: str | None) -> dict[str, str]
            if not k.startswith(_DROP_PREFIXES) and k not in _DROP}
     env["LC_ALL"] = "C"
     env["SLURM_TIME_FORMAT"] = "%s"
+    env["SLURM_BITSTR_LEN"] = str(TASKS_SHOWN_MAX)      # an array's pending tasks listed whole (parse.py)
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
     return env

@@ -71,7 +71,7 @@ class FakeSlurm:
                 return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
             listed = {j: listed[j] for j in ids if j in listed}
         if cmd == "squeue" and "-r" not in argv:    # like Slurm: an array's pending tasks show as one line
-            listed = _collapsed(listed)
+            listed = _collapsed(listed, (kw.get("env") or {}).get("SLURM_BITSTR_LEN"))
         if cmd == "squeue" and argv[-1] == "%i|%U|%P|%k":
             out = "".join(f"{j}|{r.get('uid', 1000)}|{r['partition']}|{r['comment']}\n" for j, r in listed.items())
         elif cmd == "squeue" and argv[-1] == "%i|%T|%r":
@@ -167,11 +167,13 @@ class FakeSlurm:
                     self.nodes[n] = "allocated"
 
 
-def _collapsed(listed):
+def _collapsed(listed, bitstr_len=None):
     """squeue without -r (22.05, 24.11, 26.05): an array's pending tasks that never ran as one
     line (``7_[0-2,4]``), those split off its record with ids and reasons of their own too; the
     line has the array's record's id and every reason of the tasks (``JobHeldUser,Resources``).
-    A task requeued after it ran is a line of its own (22.05 and 24.11; 26.05 merges it too)."""
+    A task requeued after it ran is a line of its own (22.05 and 24.11; 26.05 merges it too).
+    The task list is cut to SLURM_BITSTR_LEN - 1 characters ending in "..." when longer (0:
+    whole); without it, the shown id is cut to 31 characters with no mark."""
     out, pending = {}, {}
     for k, r in listed.items():
         if r.get("array") and r["state"] == "PENDING" and not r.get("ran"):
@@ -185,7 +187,13 @@ def _collapsed(listed):
         rows.sort(key=lambda kr: int(kr[0].split("_")[1]))
         own = next((r for _, r in rows if r.get("id") == array), rows[0][1])
         reasons = ",".join(dict.fromkeys(r["reason"] for _, r in rows))
-        out[rows[0][0]] = dict(own, reason=reasons, shown=f"{array}_[{_ranges(int(k.split('_')[1]) for k, _ in rows)}]")
+        tasks = _ranges(int(k.split("_")[1]) for k, _ in rows)
+        if bitstr_len is None:
+            shown = f"{array}_[{tasks}]"[:31]
+        else:
+            cut = int(bitstr_len)
+            shown = f"{array}_[{tasks[:cut - 4] + '...' if cut and len(tasks) > cut - 1 else tasks}]"
+        out[rows[0][0]] = dict(own, reason=reasons, shown=shown)
     return out
 
 

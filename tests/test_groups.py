@@ -8,8 +8,8 @@ from helpers import GROUP_TAG, TAG, FakeSlurm, held_array, held_job
 from malletrain.domain.config import DaemonConfig, SlurmConfig
 from malletrain.domain.model import Action, ActionKind, ReasonCode
 from malletrain.slurm.adapter import SlurmBackend
-from malletrain.slurm.groups import ended_record, fold
-from malletrain.slurm.parse import Phase, Tag, parse_squeue, parse_tag
+from malletrain.slurm.groups import MAX_MEMBERS, ended_record, fold, from_lines
+from malletrain.slurm.parse import Phase, Tag, all_held, array_tasks, parse_squeue, parse_tag
 from malletrain.slurm.runner import Runner
 
 
@@ -177,23 +177,33 @@ def test_a_steady_cycle_with_a_running_group_reads_three_commands_at_most():
     b.apply([_act(ActionKind.START, (), ("n1", "n2"))])
     _running(b, fake)
     _running(b, fake)
-    fake.calls.clear()
-    b.observe()
-    assert len(fake.calls) <= 3, fake.calls
-    assert ["squeue", "-h", "-a", "-o", fake.calls[0][-1]] == fake.calls[0]               # everything, no -r
-    assert ["squeue", "-h", "-a", "-r", "-j", "50", "-o", fake.calls[0][-1]] == fake.calls[1]    # the group's tasks
+    for _ in range(7):           # every 6th cycle reads reservations too
+        fake.calls.clear()
+        b.observe()
+        assert len(fake.calls) <= 3, fake.calls
+        # the plain read says it all: two members run, the other two are held on one line
+        assert [c for c in fake.calls if c[0] == "squeue"] == [["squeue", "-h", "-a", "-o", fake.calls[0][-1]]]
+    assert [m.phase for m in b.groups["50"]] == [Phase.RUNNING] * 2 + [Phase.HELD] * 2
 
 
-def test_without_r_an_arrays_pending_tasks_are_one_line_and_only_the_harvest_partitions_arrays_are_read_again():
+def test_an_arrays_pending_tasks_are_one_line_and_read_task_by_task_only_when_that_line_hides_something():
     """squeue without -r merges an array's pending tasks into one line, even those split off with
-    ids and reasons of their own (22.05: ``15_[0-1,3,5]``; a held spare and a released member
-    look alike), so the backend reads the harvest partition's arrays again with -r -j.  20 held
-    arrays of 1,000 tasks in another partition cost 20 lines of one read, nothing more."""
-    text = "15|15_[0-1,3,5]|scavenger|PENDING|JobHeldUser,Resources|1||N/A|(null)|100|u|1000\n"
-    (r,) = parse_squeue(text)
-    assert (r.array_id, r.task, r.plain) == ("15", -1, False)
-    out, groups = fold([r], "scavenger", {"15"})          # never a member: a line of several tasks
-    assert groups == {} and out == [r]
+    ids and reasons of their own (22.05: ``15_[0-1,3,5]``; a held spare and a member released onto
+    a node look alike).  When every reason there is a hold, the line's task list is the held
+    members; otherwise the backend reads that array again with -r -j.  20 held arrays of 1,000
+    tasks in another partition cost 20 lines of one read, nothing more."""
+    held = "15|15_[0-1,3,8-20:4%2]|scavenger|PENDING|JobHeldUser|1||N/A|(null)|100|u|1000\n"
+    (r,) = parse_squeue(held)
+    assert (r.array_id, r.task, r.tasks, r.plain) == ("15", -1, "0-1,3,8-20:4", False)
+    assert [(m.task, m.phase) for m in from_lines([r])] == [(t, Phase.HELD) for t in (0, 1, 3, 8, 12, 16, 20)]
+    for hidden in ("JobHeldUser,Resources", "None", "ReqNodeNotAvail, UnavailableNodes:n[1-2]"):
+        (r,) = parse_squeue(held.replace("JobHeldUser", hidden))
+        assert from_lines([r]) is None, hidden
+        out, groups = fold([r], "scavenger", {"15"})          # never a member: a line of several tasks
+        assert groups == {} and out == [r]
+    for cut in ("15_[0-1,3,8...]", "15_[0,3,6,9,12,15,18,21,2"):     # SLURM_BITSTR_LEN reached; unset
+        (r,) = parse_squeue(held.replace("15_[0-1,3,8-20:4%2]", cut))
+        assert r.array_id == "15" and from_lines([r]) is None
     fake = FakeSlurm()
     for a in range(20):
         held_array(fake, str(100 + a), 1000, partition="batch", uid=1001, comment="x")
@@ -201,26 +211,34 @@ def test_without_r_an_arrays_pending_tasks_are_one_line_and_only_the_harvest_par
     b, _, _ = _backend(fake)
     b.observe()
     b.apply([_act(ActionKind.START, (), ("n1",))])
-    fake.run_pending()
     fake.calls.clear()
-    (job,) = b.observe().snapshot.jobs
-    assert job.nodes == ("n1",) and [m.task for m in b.groups["50"]] == [0, 1, 2]
+    (job,) = b.observe().snapshot.jobs           # released onto n1, not started: hidden in the line
+    assert [m.phase for m in b.groups["50"]] == [Phase.PENDING, Phase.HELD, Phase.HELD]
     squeues = [c for c in fake.calls if c[0] == "squeue"]
     assert [c[-3] if "-j" in c else "all" for c in squeues] == ["all", "50"], squeues
-    lines = [len(fake(c).stdout.splitlines()) for c in squeues]
-    assert lines == [20 + 2, 3], lines      # 20 arrays, the group's pending line and its running task; 3 tasks
+    assert [len(fake(c).stdout.splitlines()) for c in squeues] == [20 + 1, 3]
+    fake.run_pending()
+    fake.calls.clear()
+    (job,) = b.observe().snapshot.jobs           # running: the line holds only held members again
+    assert job.nodes == ("n1",) and [m.task for m in b.groups["50"]] == [0, 1, 2]
+    squeues = [c for c in fake.calls if c[0] == "squeue"]
+    assert squeues == [["squeue", "-h", "-a", "-o", squeues[0][-1]]]
+    assert len(fake(squeues[0]).stdout.splitlines()) == 20 + 2     # 20 arrays, the group's held line, its member
 
 
 def test_an_array_found_no_group_is_not_read_task_by_task_again_while_it_stays():
     fake = FakeSlurm()
-    held_array(fake, "50", 3, comment="just a comment")     # another user's array in the harvest partition
+    held_array(fake, "50", 3, comment="just a comment")     # another user's array in the harvest partition,
+    for t in range(3):                                        # waiting for nodes: its line says nothing of its tasks
+        fake.jobs[f"50_{t}"]["reason"] = "Priority"
     held_array(fake, "60", 2)
     b, _, _ = _backend(fake)
     b.observe()
+    assert [c[-3] for c in fake.calls if c[0] == "squeue" and "-r" in c] == ["50"]
     assert b.not_groups == {"50"}           # its tag was read: no group tag
     fake.calls.clear()
     b.observe()
-    assert [c[-3] for c in fake.calls if c[0] == "squeue" and "-r" in c] == ["60"] and set(b.groups) == {"60"}
+    assert not any("-r" in c for c in fake.calls if c[0] == "squeue") and set(b.groups) == {"60"}
     del fake.jobs["50_0"], fake.jobs["50_1"], fake.jobs["50_2"]
     b.observe()
     assert b.not_groups == set()           # forgotten once it left the queue
@@ -381,3 +399,12 @@ def test_a_group_that_slurm_preempts_below_its_min_nodes_is_grown_back_by_the_ne
     fake.run_pending()
     (job,) = b.observe().snapshot.jobs
     assert set(job.nodes) == {"n1", "n3", "n4"}
+
+
+def test_a_task_list_is_counted_before_it_is_listed_and_a_bad_one_is_none():
+    assert array_tasks("0-4095", MAX_MEMBERS) == tuple(range(4096)) and array_tasks("0-4096", MAX_MEMBERS) is None
+    assert array_tasks("0-9999999", MAX_MEMBERS) is None            # counted, never listed
+    assert array_tasks("5,1-3,3", 10) == (1, 2, 3, 5) and array_tasks("0-8:4", 10) == (0, 4, 8)
+    for bad in ("", "3-1", "0-9:0", "1,,2", "a", "1-", "0-3...", "1," * 40000):
+        assert array_tasks(bad, 10**6) is None, bad[:20]
+    assert all_held("JobHeldUser,job requeued in held state") and not all_held("JobHeldUser,Resources")
