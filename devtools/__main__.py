@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--port", type=positive(int), default=7917, help="slurmctld port (default 7917)")
     bs.add_argument("--rest", action="store_true",
                     help="also run slurmrestd (JWT) and time its GET jobs against the daemon's queue read")
+    bs.add_argument("--elastic-groups", action="store_true",
+                    help="slurm.elastic_groups on, and one submission in 100 an elastic group (a held array "
+                         "of 4 members; jobs then counts every member)")
     bs.add_argument("--keep", action="store_true", help="leave the cluster and its queue up")
     bs.add_argument("--json", action="store_true")
     bs.set_defaults(run=_bench_scale)
@@ -195,7 +198,8 @@ def _bench_scale(a: argparse.Namespace) -> int:
         raise MalletrainError("--cloud-nodes: at most 100,000")
     return _emit(run(sizes, slurm=a.slurm, cloud_nodes=a.cloud_nodes,
                      directory=a.dir or os.path.join(ROOT, ".local-slurm-bench"), port=a.port,
-                     cycles=a.cycles, interval_s=a.interval, keep=a.keep, rest=a.rest), a.json)
+                     cycles=a.cycles, interval_s=a.interval, keep=a.keep, rest=a.rest,
+                     groups=a.elastic_groups), a.json)
 
 
 def _bench_adapters(a: argparse.Namespace) -> int:

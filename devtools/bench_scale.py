@@ -59,6 +59,10 @@ class ScaleCluster(BenchCluster):
         for p in (self.bin, os.path.dirname(self.conf)):
             os.chmod(p, 0o755)
 
+    def count(self) -> int:
+        """Jobs in the queue, an array's tasks each (elastic groups' members count as jobs)."""
+        return len(self.run("squeue", "-h", "-a", "-r", "-o", "%i").stdout.split())
+
     def run(self, *argv: str, user: str = "root") -> subprocess.CompletedProcess:
         if user != "root":
             argv = ("runuser", "-u", user, "--", "env", f"SLURM_CONF={self.conf}",
@@ -75,11 +79,14 @@ def _ensure_users() -> None:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
 
 
-def _submit(cluster: ScaleCluster, i: int, metrics_dir: str) -> None:
+def _submit(cluster: ScaleCluster, i: int, metrics_dir: str, groups: bool = False) -> None:
     from malletrain.slurm.parse import Tag
     user = USERS[i % len(USERS)]
     name = f"trial-{i:06d}-resnet50-lr0.{i % 97:02d}-bs{64 << (i % 4)}"
-    if i % 10 == 0:
+    if groups and i % 100 == 0:      # an elastic group (submit --elastic): a held array of 4 members
+        tag = Tag(f"grp{i:08d}", 1, 4, "resnet50", 30, 10, metrics_dir, name, group=True).encode()
+        args = ["-p", "scavenger", "--array=0-3", "--requeue", f"--comment={tag}"]
+    elif i % 10 == 0:
         tag = Tag(f"tok{i:08d}", 1, 4, "resnet50", 30, 10, metrics_dir, name).encode()
         args = ["-p", "scavenger", f"--comment={tag}"]
     else:
@@ -90,10 +97,10 @@ def _submit(cluster: ScaleCluster, i: int, metrics_dir: str) -> None:
         raise RuntimeError(f"sbatch as {user} failed: {out.stderr}")
 
 
-def fill(cluster: ScaleCluster, target: int, metrics_dir: str, start: int) -> int:
+def fill(cluster: ScaleCluster, target: int, metrics_dir: str, start: int, groups: bool = False) -> int:
     todo = range(start, start + max(0, target - cluster.count()))
     with ThreadPoolExecutor(max_workers=6) as pool:
-        for _ in tqdm(pool.map(lambda i: _submit(cluster, i, metrics_dir), todo), total=len(todo),
+        for _ in tqdm(pool.map(lambda i: _submit(cluster, i, metrics_dir, groups), todo), total=len(todo),
                       desc=f"queueing {target:,} jobs", unit="job", file=sys.stderr):
             pass
     return start + len(todo)
@@ -114,20 +121,21 @@ def sdiag_rpcs(cluster: ScaleCluster) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _config(cluster: ScaleCluster, work: str, interval_s: float) -> str:
+def _config(cluster: ScaleCluster, work: str, interval_s: float, groups: bool = False) -> str:
     path = os.path.join(work, "config.yaml")
     with open(path, "w") as fh:
         fh.write(f"core: {{horizon_s: 300}}\n"
                  f"slurm: {{slurm_conf: {cluster.conf}, bin_dir: {cluster.bin}, command_timeout_s: 120,"
-                 f" retries: 0, reservations_every: 6}}\n"
+                 f" retries: 0, reservations_every: 6, elastic_groups: {str(groups).lower()}}}\n"
                  f"daemon: {{interval_s: {interval_s}, state_dir: {work}/state, metrics_port: 0,"
                  f" progress_roots: [{work}]}}\n")
     return path
 
 
-def measure(cluster: ScaleCluster, work: str, cycles: int, interval_s: float) -> dict[str, Any]:
+def measure(cluster: ScaleCluster, work: str, cycles: int, interval_s: float,
+            groups: bool = False) -> dict[str, Any]:
     from malletrain.daemon.loop import Daemon
-    d = Daemon(_config(cluster, work, interval_s))
+    d = Daemon(_config(cluster, work, interval_s, groups))
     try:
         adoption = 0
         while True:                   # until a cycle reads no tag: every job's tag is known
@@ -166,7 +174,8 @@ def measure(cluster: ScaleCluster, work: str, cycles: int, interval_s: float) ->
     steady = [r for r in rows if r["writes"] == 0]
     ms = [1000 * r["cycle_s"] for r in steady]
     server_us = sum(t for _, t in rpcs.values())
-    return dict(adoption_cycles=adoption, steady_cycles=len(steady),
+    return dict(adoption_cycles=adoption, steady_cycles=len(steady), groups=len(d.backend.groups),
+                members=sum(len(m) for m in d.backend.groups.values()),
                 cycle_ms_p50=percentile(ms, 0.5) if ms else None,
                 cycle_ms_p95=percentile(ms, 0.95) if ms else None,
                 reads_max=max((r["reads"] for r in steady), default=None),
@@ -228,7 +237,7 @@ def _occupy(cluster: ScaleCluster) -> None:
 
 
 def run(jobs: list[int], *, slurm: str, cloud_nodes: int, directory: str, port: int, cycles: int,
-        interval_s: float, keep: bool, rest: bool = False) -> Report:
+        interval_s: float, keep: bool, rest: bool = False, groups: bool = False) -> Report:
     _ensure_users()
     cluster = ScaleCluster(directory, port, slurm=slurm, cloud_nodes=cloud_nodes, max_jobs=max(jobs) + 10_000,
                            rest_port=port + 50 if rest else 0)
@@ -244,9 +253,9 @@ def run(jobs: list[int], *, slurm: str, cloud_nodes: int, directory: str, port: 
         time.sleep(2)
         _occupy(cluster)
         for n in sorted(jobs):
-            nxt = fill(cluster, n, work, nxt)
+            nxt = fill(cluster, n, work, nxt, groups)
             queued = cluster.count()
-            row = dict(jobs=queued, **measure(cluster, work, cycles, interval_s))
+            row = dict(jobs=queued, **measure(cluster, work, cycles, interval_s, groups))
             if rest:
                 row["rest"] = rest_vs_cli(cluster)
             rows.append(row)
@@ -258,7 +267,7 @@ def run(jobs: list[int], *, slurm: str, cloud_nodes: int, directory: str, port: 
             shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     data = dict(slurm=version, nodes=nodes, cloud_nodes=cloud_nodes, interval_s=interval_s, cycles=cycles,
-                users=len(USERS), rows=rows)
+                users=len(USERS), elastic_groups=groups, rows=rows)
     return Report(data, lines(data))
 
 
@@ -275,6 +284,10 @@ def lines(data: dict[str, Any]) -> list[str]:
                    f"{r['reads_max']:>5} | {r['read_mb_mean']:7.2f} | {r['ctld_rpcs_per_cycle']:9.1f} | "
                    f"{r['ctld_ms_per_cycle']:7.1f} | {100 * r['ctld_share_of_interval']:9.2f}% | "
                    f"{r['adoption_cycles']} cycles")
+        if data.get("elastic_groups"):
+            out.append(f"{'':>7}   elastic groups on: {r['groups']} groups adopted, {r['members']} members "
+                       f"(held), every member counted in jobs; reads of the busiest steady cycle: "
+                       f"{', '.join(r['commands_of_a_busiest_cycle'])}")
     out.append("per steady cycle; reads = the daemon's Slurm read commands (max), ctld = slurmctld's own "
                "count and time of the RPCs it served (sdiag)")
     out.append("target: steady cycle <= 1 s and <= 3 read commands at 20,000 jobs")

@@ -48,6 +48,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -114,8 +115,9 @@ class JobRecord:
         array's pending tasks share the array's own job id until one is started), else the id."""
         return f"{self.array_id}_{self.task}" if self.array_id else self.job_id
 
-    @property
+    @cached_property
     def phase(self) -> Phase:
+        """Worked out once per record (a cycle asks it of every queued job several times)."""
         return phase_of(self.state, self.reason)
 
 

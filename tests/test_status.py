@@ -108,3 +108,16 @@ def test_status_and_explain_escape_control_characters(tmp_path, capsys):
         assert "\x1b" not in out and "\r" not in out and "\x07" not in out
         assert "\\x1b[2J" in out and "fake-row" in out
         assert all("fake-row" not in line or "\\n" in line for line in out.splitlines())
+
+
+def test_the_status_file_holds_what_asdict_gives_in_compact_json(tmp_path):
+    """status.json is written with json's C encoder (no indent) from a copy-free conversion: the
+    same document as ``dataclasses.asdict``, read back equal."""
+    import dataclasses
+    st = sample_status()
+    members = (Member(0, "18", "running", "n1"), Member(2, "17", "held", ""))
+    st = dataclasses.replace(st, jobs=(dataclasses.replace(st.jobs[0], members=members), *st.jobs[1:]))
+    write_status(str(tmp_path / "status.json"), st)
+    text = (tmp_path / "status.json").read_text()
+    assert json.loads(text) == json.loads(json.dumps(dataclasses.asdict(st))) and "\n" not in text
+    assert read_status(str(tmp_path / "status.json")) == st

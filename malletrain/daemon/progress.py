@@ -65,6 +65,7 @@ MAX_MEMBERS = 4096         # members named in one re-forming record (slurm/group
 MAX_MEMBER_ID = 10**7      # a member id is an array task id
 FINAL_REASONS = ("done", "pruned", "failed")     # an exit record with one of these: the job is over
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
+QUIET_READS = 2        # reads of a pending job's file that found nothing new, after which it rests until it runs
 
 
 OFFSETS_KEPT_S = 3600.0    # what is kept of a file no observed job names any more (offsets, refusals) goes after this
@@ -437,6 +438,7 @@ class ProgressSource:
         self.max_bytes_per_cycle = max_bytes_per_cycle
         self.cycle_timeout_s = cycle_timeout_s       # all reading of one cycle (with the tail's io)
         self._turn = 0                               # where this cycle's reading of idle jobs starts
+        self._quiet: dict[str, int] = {}             # pending jobs: reads that found nothing new since they ran
         self.latest: dict[str, Sample] = {}
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
@@ -552,7 +554,13 @@ class ProgressSource:
             else:
                 ended.append((job, facts))
         running = [kv for kv in observation.facts.items() if kv[1].state in _ACTIVE]
-        idle = [kv for kv in observation.facts.items() if kv[1].state not in _ACTIVE]
+        # a pending job whose file gave nothing new twice since it last ran has nothing more to give
+        # until it runs again (its processes are gone: Slurm lists a job pending only after they
+        # ended): not read, so a queue of thousands of held jobs costs no file access a cycle
+        self._quiet = {j: n for j, n in self._quiet.items()
+                       if j in observation.facts and observation.facts[j].state == "PENDING"}
+        idle = [kv for kv in observation.facts.items()
+                if kv[1].state not in _ACTIVE and self._quiet.get(kv[0], 0) < QUIET_READS]
         self._turn += 1
         running, ended, idle = (_turns(group, self._turn) for group in (running, ended, idle))
         budget = self.max_bytes_per_cycle
@@ -579,6 +587,9 @@ class ProgressSource:
                         self._final(job, facts, out, ended_cap, used)
             for job, facts in idle:
                 self._live(job, facts, out, self.tail.max_read_bytes, used)
+                u = used.get(job)
+                if facts.state == "PENDING" and u is not None and u.settled:
+                    self._quiet[job] = self._quiet.get(job, 0) + 1 if u.lines == 0 else 0
         finally:
             self.tail.budget = self.tail.deadline = None
         for s in out:
