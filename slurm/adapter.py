@@ -286,7 +286,8 @@ class SlurmBackend:
             fact = JobFacts(self._profile(r, tag), r.user,
                             self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
                             uid=r.uid, max_nodes=tag.max_nodes, state=r.state,
-                            nodes=r.nodes or book.running, change=change, elastic=r.job_id in self.groups)
+                            nodes=r.nodes or book.running, change=change, elastic=r.job_id in self.groups,
+                            held=r.phase is Phase.HELD)
             if r.phase is Phase.FINISHED:
                 ended[r.job_id] = fact
                 continue
@@ -539,26 +540,25 @@ class SlurmBackend:
         if not self.slurm.elastic_groups:
             return jobs
         part = self.slurm.partition
-        arrays = {r.array_id for r in jobs if r.array_id and r.partition == part}
-        self.not_groups &= arrays
-        want = sorted(arrays - self.not_groups, key=lambda a: (a not in self.books, _job_order(a)))
-        if len(want) > MAX_GROUP_READ:
-            log.warning("%d arrays in %s; reading the tasks of %d of them this cycle", len(want), part,
-                        MAX_GROUP_READ)
-            want = want[:MAX_GROUP_READ]
-        chosen = set(want)
         lines: dict[str, list[JobRecord]] = {}
         for r in jobs:
-            if r.array_id in chosen and r.partition == part:
+            if r.array_id and r.partition == part:
                 lines.setdefault(r.array_id, []).append(r)
-        known = {a: grp.from_lines(ls) for a, ls in lines.items()}
-        unclear = [a for a in want if known.get(a) is None]
+        self.not_groups &= set(lines)
+        known = {a: grp.from_lines(ls) for a, ls in lines.items() if a not in self.not_groups}
+        unclear = sorted((a for a, ms in known.items() if ms is None),
+                         key=lambda a: (a not in self.books, _job_order(a)))
+        if len(unclear) > MAX_GROUP_READ:       # the rest next cycles, adopted groups first
+            log.warning("%d arrays in %s to read task by task; %d of them this cycle", len(unclear), part,
+                        MAX_GROUP_READ)
+            unclear = unclear[:MAX_GROUP_READ]
         tasks: list[JobRecord] = [m for ms in known.values() if ms is not None for m in ms]
         if unclear:
             wide = set(unclear)
             tasks += [r for r in self._parse(self.runner.read(
                 ["squeue", "-h", "-a", "-r", "-j", ",".join(unclear), "-o", SQUEUE_FORMAT], unknown_job_ok=True))
-                      if r.array_id in wide]
+                      if r.array_id in wide and r.partition == part]
+        chosen = {a for a, ms in known.items() if ms is not None} | set(unclear)
         jobs = [r for r in jobs if r.array_id not in chosen or r.partition != part] + tasks
         out, self.groups = grp.fold(jobs, part, chosen)
         self.not_groups |= chosen - set(self.groups)
@@ -595,9 +595,11 @@ class SlurmBackend:
                         len(gone), MAX_ENDED_READ)
             self._ended_backlog = set(gone[MAX_ENDED_READ:])
             gone = gone[:MAX_ENDED_READ]
-        groups = {j for j in gone if (t := self.tags.get(j)) is not None and t.group}
-        out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", *(["-r"] if groups else []),
-                                            "-j", ",".join(gone), "-o", SQUEUE_FORMAT], unknown_job_ok=True))
+        # -r: a gone elastic group's id lists its tasks one a line (a plain job's lists itself);
+        # the ids that come back as array tasks are the groups (nothing kept in memory decides it)
+        out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-r", "-j", ",".join(gone),
+                                            "-o", SQUEUE_FORMAT], unknown_job_ok=True))
+        groups = {r.array_id for r in out if r.array_id and r.array_id in set(gone)}
         queued = {r.array_id for r in out if r.array_id in groups and r.phase is not Phase.FINISHED}
         out = self._ended_groups(out, groups)
         ended = [r for r in out if r.phase is Phase.FINISHED and r.job_id in gone]
@@ -832,20 +834,23 @@ class SlurmBackend:
         return True
 
     def _requeue_group(self, gid: str, why: str) -> bool:
-        """The safety net on a group (hung, or every member ended without a result): every
-        running or ended member requeued held; the daemon starts them again when it has nodes."""
-        running = [m for m in self.groups[gid] if m.phase in (Phase.RUNNING, Phase.FINISHED)]
-        if not all(self._verify(gid, m) for m in running):
-            return False
-        self._put(gid, replace(self.books.get(gid, Book()), members=(), launching=(), running=(),
-                               last_change_s=self.clock()))
-        for m in running:
-            self.runner.write(["scontrol", "requeuehold", m.spec])
-        if running:
+        """The safety net on a group (hung, or every member ended without a result): its running
+        members and those that ended are requeued held, the members the daemon placed first, each
+        after its own check and within this cycle's member checks (:meth:`_member_write`; those
+        left stay ended and the group goes on with the others).  A member someone cancelled is
+        never requeued (groups.CHOSEN_ENDS).  The daemon starts them again when it has nodes."""
+        book = self.books.get(gid, Book())
+        placed = book.placed()
+        todo = sorted((m for m in self.groups[gid] if m.phase is Phase.RUNNING
+                       or (m.phase is Phase.FINISHED and m.state not in grp.CHOSEN_ENDS)),
+                      key=lambda m: (m.task not in placed, m.task))
+        self._put(gid, replace(book, members=(), launching=(), running=(), last_change_s=self.clock()))
+        done = [m for m in todo if self._member_write(gid, m, ["scontrol", "requeuehold", m.spec])]
+        if done:
             self.events.recoveries += 1
-        log.warning("job %s: %s (%d member(s) requeued held)", gid, why, len(running),
+        log.warning("job %s: %s (%d of %d member(s) requeued held)", gid, why, len(done), len(todo),
                     extra={"job": gid, "action": "requeue", "reason": why})
-        return True
+        return bool(done) or not todo
 
     def cancel_finished(self, job: str, why: str) -> bool:
         """Cancel ``job``: queued again (stopped by us or preempted by Slurm just as it finished)

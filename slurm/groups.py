@@ -33,6 +33,7 @@ from dataclasses import replace
 from malletrain.slurm.parse import JobRecord, Phase, all_held, array_tasks
 
 MAX_MEMBERS = 4096      # tasks of one array the daemon looks at (a tag's max nodes is far lower)
+CHOSEN_ENDS = frozenset({"CANCELLED", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})   # someone chose this end
 
 
 def fold(records: Iterable[JobRecord], partition: str,
@@ -104,11 +105,14 @@ def group_record(gid: str, members: tuple[JobRecord, ...]) -> JobRecord:
 
 def ended_record(gid: str, members: tuple[JobRecord, ...]) -> JobRecord | None:
     """The record of a group none of whose members is queued any more (``members`` read with
-    ``-t all``), for the safety net: ended as its worst member did (a member that failed, not
-    one that completed, decides); None while a member is still queued or none is known."""
+    ``-t all``), for the safety net: a member someone ended (cancelled: :data:`CHOSEN_ENDS`)
+    makes the group's end chosen too, and it is left alone; else it ended as its worst member
+    did (a member that failed, not one that completed, decides); None while a member is still
+    queued or none is known."""
     if not members or any(m.phase is not Phase.FINISHED for m in members):
         return None
-    worst = next((m.state for m in members if m.state != "COMPLETED"), "COMPLETED")
+    worst = next((m.state for m in members if m.state in CHOSEN_ENDS),
+                 next((m.state for m in members if m.state != "COMPLETED"), "COMPLETED"))
     return replace(group_record(gid, members), state=worst, reason="None")
 
 

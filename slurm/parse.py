@@ -192,9 +192,10 @@ _NODE_SUFFIX = "*~#!%$@^-"
 # ``%A`` is the plain numeric job id; ``%i`` shows arrays and heterogeneous jobs (``12_3``,
 # ``12+1``, and ``12_[1-2,5,8-20:4%2]``: an array's pending tasks on one line, the throttle
 # after '%').  How much of that task list Slurm prints is SLURM_BITSTR_LEN, which the runner
-# sets to TASKS_SHOWN_MAX: a longer list is cut to that length - 1 and ends in "..." (22.05,
-# 24.11 and 26.05 alike; unset, %i is cut at 31 characters with no mark).  A list cut short is
-# no list of tasks (:func:`array_tasks`): the line still tells an array from a plain job.
+# sets to TASKS_SHOWN_MAX with elastic groups on: a longer list is cut to that length - 1, ending
+# in "..." as seen on 22.05, 24.11 and 26.05 (squeue's merge of several pending records cuts with
+# no mark, and unset, %i is cut at 31 characters with no mark).  A list with "..." or as long as
+# the cut is no list of tasks (:func:`array_tasks`): the line still tells an array from a plain job.
 _ID = re.compile(r"\d{1,12}")
 TASKS_SHOWN_MAX = 65536
 _SHOWN_ID = re.compile(rf"[0-9_\[\]\-,:%+.]{{1,{TASKS_SHOWN_MAX + 40}}}")

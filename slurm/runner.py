@@ -6,8 +6,9 @@
 * a sanitised environment: ``SQUEUE_*``, ``SINFO_*``, ``SBATCH_*``,
   ``SCONTROL_*``, ``SLURM_TIME_FORMAT`` … from the caller are dropped (they
   change output formats), ``LC_ALL=C``, ``SLURM_TIME_FORMAT=%s`` (epoch
-  seconds) and ``SLURM_BITSTR_LEN`` (an array's pending tasks listed whole:
-  :mod:`malletrain.slurm.parse`) are set, ``SLURM_CONF`` is passed when configured;
+  seconds) are set, and with ``array_tasks`` (elastic groups on) ``SLURM_BITSTR_LEN``
+  (an array's pending tasks listed whole: :mod:`malletrain.slurm.parse`; off, a
+  user's sparse pending arrays cannot lengthen every cycle's read), ``SLURM_CONF`` is passed when configured;
 * read commands are retried with jittered exponential backoff; write
   commands are not (their callers decide what is safe to repeat); once the
   ``stop`` event is set (the daemon was told to stop) a failed read is not
@@ -75,12 +76,13 @@ class CommandStats:
         return out
 
 
-def clean_env(base: Mapping[str, str], slurm_conf: str | None) -> dict[str, str]:
+def clean_env(base: Mapping[str, str], slurm_conf: str | None, *, array_tasks: bool = False) -> dict[str, str]:
     env = {k: v for k, v in base.items()
            if not k.startswith(_DROP_PREFIXES) and k not in _DROP}
     env["LC_ALL"] = "C"
     env["SLURM_TIME_FORMAT"] = "%s"
-    env["SLURM_BITSTR_LEN"] = str(TASKS_SHOWN_MAX)      # an array's pending tasks listed whole (parse.py)
+    if array_tasks:         # an array's pending tasks listed whole (parse.py): elastic groups only
+        env["SLURM_BITSTR_LEN"] = str(TASKS_SHOWN_MAX)
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
     return env
@@ -94,8 +96,8 @@ class Runner:
                  retries: int = 3, backoff_s: float = 0.5,
                  exec_fn: Callable[..., subprocess.CompletedProcess] | None = None,
                  sleep: Callable[[float], object] | None = None,
-                 rng: random.Random | None = None) -> None:
-        self.env = clean_env(os.environ, slurm_conf)
+                 rng: random.Random | None = None, array_tasks: bool = False) -> None:
+        self.env = clean_env(os.environ, slurm_conf, array_tasks=array_tasks)
         self.bin_dir = bin_dir or None
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._exec = exec_fn or subprocess.run

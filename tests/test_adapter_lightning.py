@@ -90,7 +90,9 @@ def test_without_the_adapter_the_lightning_script_loses_its_work_and_its_batch(t
         rc, _, err = finished(p, timeout=60)
     except subprocess.TimeoutExpired:                         # the deadlock (the run is killed)
         rc, err = "hung", ""
-    assert rc in (0, "hung"), (rc, err[-2000:])               # never a status that requeues
+    # never the status that requeues (3).  How the plain run ends varies with where the signal
+    # lands: seen 0, a hang, 1 and 134 (a rank aborted in backward and torchrun failed the run)
+    assert rc != 3, (rc, err[-2000:])
     assert sorted(os.listdir(tmp_path)) == ["p1.pt", "p2.pt"]          # nothing saved, no model
 
 

@@ -16,7 +16,7 @@ from malletrain.slurm.runner import Runner
 def _backend(fake, elastic_groups=True, **dc):
     clock = {"t": 1000.0}
     saved = {}
-    b = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None),
+    b = SlurmBackend(Runner(exec_fn=fake, sleep=lambda s: None, array_tasks=elastic_groups),
                      SlurmConfig(elastic_groups=elastic_groups), DaemonConfig(interval_s=2, rescale_wait_s=1, **dc),
                      clock=lambda: clock["t"], save_book=lambda j, bk: saved.__setitem__(j, bk))
     return b, clock, saved
@@ -338,11 +338,13 @@ def test_a_group_whose_members_all_ended_without_a_result_is_one_ended_job_and_r
     obs = b.observe()
     assert [j.job_id for j in obs.snapshot.jobs] == ["50"]      # a spare is still queued: the group lives
     assert obs.ended == {}
-    fake.end("50_2", "CANCELLED")                              # ... until its last member goes too
+    fake.end("50_2", "TIMEOUT")                                # ... until its last member goes too
     fake.jobs["50_2"]["id"] = "77"
     obs = b.observe()
     assert obs.snapshot.jobs == () and set(obs.ended) == {"50"} and obs.ended["50"].state == "NODE_FAIL"
     assert any(c[:2] == ["squeue", "-h"] and "-r" in c and "all" in c for c in fake.calls)
+    # a verdict that waits (its file not read to the end yet) finds the group ended the next cycle too
+    assert set(b.observe().ended) == {"50"} and set(b.observe().ended) == {"50"}
     fake.calls.clear()
     assert b.requeue_held("50", "ended NODE_FAIL without a final result")
     assert sorted(c for c in _writes(fake)) == [["scontrol", "requeuehold", f"50_{t}"] for t in range(3)]
@@ -355,6 +357,8 @@ def test_an_ended_group_record_ends_as_its_worst_member():
                         "52|50_1|scavenger|FAILED|NonZeroExitCode|1|n2|1|(null)|100|u|1000\n")
     assert ended_record("50", tuple(done)).state == "FAILED"
     assert ended_record("50", tuple(done[:1])).state == "COMPLETED"
+    cancelled = parse_squeue("53|50_2|scavenger|CANCELLED|None|1|n3|1|(null)|100|u|1000\n")
+    assert ended_record("50", (*done, *cancelled)).state == "CANCELLED"     # someone chose the end: left alone
     queued = parse_squeue("50|50_2|scavenger|PENDING|JobHeldUser|1||N/A|(null)|100|u|1000\n")
     assert ended_record("50", (*done, *queued)) is None and ended_record("50", ()) is None
 
@@ -408,3 +412,30 @@ def test_a_task_list_is_counted_before_it_is_listed_and_a_bad_one_is_none():
     for bad in ("", "3-1", "0-9:0", "1,,2", "a", "1-", "0-3...", "1," * 40000):
         assert array_tasks(bad, 10**6) is None, bad[:20]
     assert all_held("JobHeldUser,job requeued in held state") and not all_held("JobHeldUser,Resources")
+
+
+def test_group_reads_are_capped_only_for_arrays_read_task_by_task_and_a_requeue_within_the_member_checks(monkeypatch):
+    """Arrays whose one pending line says it all cost no read and no cap: 500 of one user's held
+    group arrays cannot keep another user's newer group from being adopted.  The safety net's
+    requeue of an ended group writes at most max_tag_reads members a cycle."""
+    import malletrain.slurm.adapter as adapter
+    monkeypatch.setattr(adapter, "MAX_GROUP_READ", 1)
+    fake = FakeSlurm()
+    for gid in ("50", "60", "70"):
+        held_array(fake, gid, 2)
+    b, clock, _ = _backend(fake)
+    b.observe()
+    assert set(b.groups) == {"50", "60", "70"} and not any("-r" in c for c in fake.calls if c[0] == "squeue")
+    fake2 = FakeSlurm()
+    held_array(fake2, "80", 4, comment=GROUP_TAG.replace("max=3", "max=4"))
+    b2, clock2, _ = _backend(fake2, max_tag_reads=2)
+    b2.observe()
+    b2.apply([Action("80", ActionKind.START, (), ("n1", "n2", "n3", "n4"), "why", ReasonCode.GAIN)])
+    fake2.run_pending()
+    b2.observe()
+    for t in range(4):
+        fake2.end(f"80_{t}", "NODE_FAIL")
+    b2.observe()
+    fake2.calls.clear()
+    assert b2.requeue_held("80", "ended NODE_FAIL without a final result")
+    assert len([c for c in _writes(fake2) if c[1] == "requeuehold"]) == 2      # the rest stay ended

@@ -141,11 +141,11 @@ def test_a_pending_jobs_file_rests_after_two_reads_that_found_nothing_until_it_r
         return real(job_id, path, **kw)
     src.tail.read = counting
 
-    def cycle(state1="PENDING"):
+    def cycle(state1="PENDING", held1=True):
         reads.clear()
-        got = src.poll(obs(facts={"1": JobFacts("p", "alice", held, uid=ME, state=state1),
+        got = src.poll(obs(facts={"1": JobFacts("p", "alice", held, uid=ME, state=state1, held=held1),
                                   "2": JobFacts("p", "bob", completing, uid=ME, state="COMPLETING"),
-                                  "3": JobFacts("p", "carol", never, uid=ME, state="PENDING")}))
+                                  "3": JobFacts("p", "carol", never, uid=ME, state="PENDING", held=True)}))
         return sorted(set(reads)), got
 
     assert cycle()[0] == ["1", "2", "3"]      # 1 gave records; 3 has no file: nothing new, 1 of 2
@@ -155,5 +155,9 @@ def test_a_pending_jobs_file_rests_after_two_reads_that_found_nothing_until_it_r
     with open(held, "a") as fh:
         fh.write(rec(200.0, 5000.0))
     assert cycle()[0] == ["2"] and src.tail.files[held].offset < os.path.getsize(held)
-    seen, _ = cycle("RUNNING")                # it runs again: read, and what came meanwhile with it
+    src.wake("1")                             # the daemon released it: read again at once
+    seen, _ = cycle("PENDING", held1=False)   # launching (pending, not held): read every cycle
     assert "1" in seen and src.tail.files[held].offset == os.path.getsize(held)
+    for _ in range(3):
+        assert "1" in cycle("PENDING", held1=False)[0]
+    assert "1" in cycle("RUNNING", held1=False)[0]

@@ -193,8 +193,8 @@ class FakeExec:
 def test_runner_env_is_sanitised():
     env = clean_env({"SQUEUE_FORMAT": "%i", "SINFO_SORT": "x", "SBATCH_PARTITION": "p", "PATH": "/bin",
                      "SLURM_TIME_FORMAT": "relative", "LANG": "de_DE", "SLURM_BITSTR_LEN": "8"}, "/etc/s.conf")
-    assert env == {"PATH": "/bin", "LC_ALL": "C", "SLURM_TIME_FORMAT": "%s", "SLURM_BITSTR_LEN": "65536",
-                   "SLURM_CONF": "/etc/s.conf"}
+    assert env == {"PATH": "/bin", "LC_ALL": "C", "SLURM_TIME_FORMAT": "%s", "SLURM_CONF": "/etc/s.conf"}
+    assert clean_env({}, None, array_tasks=True)["SLURM_BITSTR_LEN"] == "65536"      # elastic groups on
 
 
 def test_runner_retries_reads_with_backoff_then_raises():

@@ -44,6 +44,7 @@ class JobFacts:
     nodes: tuple[str, ...] = ()        # where it runs (or ran last)
     change: SizeChange | None = None   # the daemon's latest change of its size
     elastic: bool = False              # an elastic group: its re-forming records are read (issue #26)
+    held: bool = False                 # queued on hold (never a job the daemon released and Slurm has not started)
 
 
 @dataclass(frozen=True)

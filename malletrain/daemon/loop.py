@@ -73,7 +73,7 @@ def _recovery_config(dc) -> RecoveryConfig:
 def make_runner(cfg: Config) -> Runner:
     s = cfg.slurm
     return Runner(slurm_conf=s.slurm_conf or None, bin_dir=s.bin_dir or None, timeout_s=s.command_timeout_s,
-                  retries=s.retries, backoff_s=s.backoff_s)
+                  retries=s.retries, backoff_s=s.backoff_s, array_tasks=s.elastic_groups)
 
 
 class _Journal:
@@ -216,6 +216,8 @@ class Daemon:
                 self.reasons[a.job_id] = a
             for a in result.actions:
                 self.metrics.decisions.labels(code=a.code.value).inc()
+                if a.kind in (ActionKind.START, ActionKind.GROW):
+                    self.progress.wake(a.job_id)
         reads, writes, lat = self.runner.stats.take()
         cycle_s = time.perf_counter() - t0
         self._export(result, reads, writes, lat, cycle_s)

@@ -65,7 +65,7 @@ MAX_MEMBERS = 4096         # members named in one re-forming record (slurm/group
 MAX_MEMBER_ID = 10**7      # a member id is an array task id
 FINAL_REASONS = ("done", "pruned", "failed")     # an exit record with one of these: the job is over
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now
-QUIET_READS = 2        # reads of a pending job's file that found nothing new, after which it rests until it runs
+QUIET_READS = 2        # reads of a held job's file that found nothing new, after which it rests until released
 
 
 OFFSETS_KEPT_S = 3600.0    # what is kept of a file no observed job names any more (offsets, refusals) goes after this
@@ -521,6 +521,10 @@ class ProgressSource:
                                                 self._now))
                 return
 
+    def wake(self, job: str) -> None:
+        """The daemon released ``job`` (a start or a grow): its file is read every cycle again."""
+        self._quiet.pop(job, None)
+
     def poll(self, observation: Observation) -> tuple[Sample, ...]:
         """Read the observed jobs' files, within ``max_bytes_per_cycle``:
 
@@ -554,11 +558,11 @@ class ProgressSource:
             else:
                 ended.append((job, facts))
         running = [kv for kv in observation.facts.items() if kv[1].state in _ACTIVE]
-        # a pending job whose file gave nothing new twice since it last ran has nothing more to give
-        # until it runs again (its processes are gone: Slurm lists a job pending only after they
-        # ended): not read, so a queue of thousands of held jobs costs no file access a cycle
-        self._quiet = {j: n for j, n in self._quiet.items()
-                       if j in observation.facts and observation.facts[j].state == "PENDING"}
+        # a held job whose file gave nothing new twice since it was last released has nothing more
+        # to give until it runs again (its processes are gone: Slurm lists a job pending only after
+        # they ended, and only the daemon or its owner releases it: wake()): not read, so a queue
+        # of thousands of held jobs costs no file access a cycle
+        self._quiet = {j: n for j, n in self._quiet.items() if j in observation.facts and observation.facts[j].held}
         idle = [kv for kv in observation.facts.items()
                 if kv[1].state not in _ACTIVE and self._quiet.get(kv[0], 0) < QUIET_READS]
         self._turn += 1
@@ -588,7 +592,7 @@ class ProgressSource:
             for job, facts in idle:
                 self._live(job, facts, out, self.tail.max_read_bytes, used)
                 u = used.get(job)
-                if facts.state == "PENDING" and u is not None and u.settled:
+                if facts.held and u is not None and u.settled:
                     self._quiet[job] = self._quiet.get(job, 0) + 1 if u.lines == 0 else 0
         finally:
             self.tail.budget = self.tail.deadline = None
