@@ -599,12 +599,13 @@ class SlurmBackend:
         # the ids that come back as array tasks are the groups (nothing kept in memory decides it)
         out = self._parse(self.runner.read(["squeue", "-h", "-a", "-t", "all", "-r", "-j", ",".join(gone),
                                             "-o", SQUEUE_FORMAT], unknown_job_ok=True))
-        groups = {r.array_id for r in out if r.array_id and r.array_id in set(gone)}
+        gone_ids = set(gone)
+        groups = {r.array_id for r in out if r.array_id in gone_ids}
         queued = {r.array_id for r in out if r.array_id in groups and r.phase is not Phase.FINISHED}
         out = self._ended_groups(out, groups)
         ended = [r for r in out if r.phase is Phase.FINISHED and r.job_id in gone]
         self.ended_watch = {r.job_id for r in ended}
-        for job in set(gone) - self.ended_watch - {r.job_id for r in out} - queued:
+        for job in gone_ids - self.ended_watch - {r.job_id for r in out} - queued:
             if job in self.books:       # purged by Slurm (or never ours): nothing left to requeue
                 self._forget(job)
         return ended

@@ -438,7 +438,7 @@ class ProgressSource:
         self.max_bytes_per_cycle = max_bytes_per_cycle
         self.cycle_timeout_s = cycle_timeout_s       # all reading of one cycle (with the tail's io)
         self._turn = 0                               # where this cycle's reading of idle jobs starts
-        self._quiet: dict[str, int] = {}             # pending jobs: reads that found nothing new since they ran
+        self._quiet: dict[str, int] = {}             # held jobs: reads that found nothing new since released
         self.latest: dict[str, Sample] = {}
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
