@@ -1,20 +1,31 @@
-"""Learned rescale pauses: what starting, growing and shrinking really cost a job.
+"""Learned rescale pauses: what starting, growing, shrinking and losing nodes really cost a job.
 
 A :class:`~malletrain.domain.model.PauseSample` is one measured pause, from the
-moment the job was told to change size to its first step at the new size
-(stop, checkpoint, Slurm's requeue, launch, restore: everything the job did
-not train).  Pauses are kept per job and direction (``up``: start or grow;
-``down``: shrink), and pooled per profile (jobs of one model restart alike;
-profiles are per user unless an operator shares them).
+moment the job was told to change size (or lost a node) to its first step at the
+new size (stop, checkpoint, Slurm's requeue, launch, restore: everything the job
+did not train).  Pauses are kept per job and kind, and pooled per profile (jobs
+of one model restart alike; profiles are per user unless an operator shares them).
 
-Estimate for a job and direction: the median of its own newest ``keep``
+Kinds (:class:`~malletrain.domain.model.PauseKind`).  A job that restarts on
+every change pays one restart whatever the kind, so its pauses are kept per
+direction, as two kinds: ``start`` (its starts and grows) and ``shrink`` (its
+shrinks and preemptions; a loss is a crash and is not measured).  An elastic
+group (issue #26) re-forms in place, so each of its five kinds is kept on its
+own: a start is a restart of every member, a grow costs the survivors a
+re-forming plus the joiners' start, a shrink or preemption a re-forming, a loss
+the time to notice it.  Elastic and restarting jobs of one profile are pooled
+apart.
+
+Estimate for a job and kind: the median of its own newest ``keep``
 measurements *and a prior*, which counts as one more measurement.  The prior is
-the median of its profile's newest ``keep`` measurements (other jobs of the
-same model) when there are some, else the job's configured pause (the user's
-guess).  So before its own first measurement a job is charged what its profile
-measured, or its guess; after one, the mean of that and the measurement; from
-two on, its own measurements outvote a wrong prior.  A median shrugs off the
-odd slow restart.
+the median of its profile's newest ``keep`` measurements of that kind (other
+jobs of the same model) when there are some, else a guess: the job's configured
+pause of that direction for a start, grow or shrink (the user's guess); the
+estimated shrink for a preemption, which re-forms the same way; the estimated
+preemption for a loss.  So before its own first measurement a job is charged
+what its profile measured, or its guess; after one, the mean of that and the
+measurement; from two on, its own measurements outvote a wrong prior.  A median
+shrugs off the odd slow restart.
 
 Pure: no clock, no I/O.
 """
@@ -24,32 +35,53 @@ import math
 import statistics
 from collections import deque
 
-from malletrain.domain.model import MAX_PAUSE_S, Direction, PauseSample, RescaleCost
+from malletrain.domain.model import MAX_PAUSE_S, PauseKind, PauseSample, RescaleCost
+
+START, GROW, SHRINK, PREEMPTION, LOSS = PauseKind
+_RESTART_KIND = {START: START, GROW: START, SHRINK: SHRINK, PREEMPTION: SHRINK, LOSS: SHRINK}
+_OLD_KIND = {"up": START, "down": SHRINK}      # stores written before the kinds (directions)
+
+
+def _kind(value: str) -> PauseKind:
+    return _OLD_KIND.get(value) or PauseKind(value)
 
 
 class RescaleLearner:
-    MAX_PROFILES = 8192      # (profile, direction) pairs whose pauses are kept
-    MAX_JOBS = 1 << 17       # (job, direction) pairs (finished jobs are forgotten)
+    MAX_PROFILES = 8192      # (profile, kind) pairs whose pauses are kept
+    MAX_JOBS = 1 << 17       # (job, kind) pairs (finished jobs are forgotten)
 
     def __init__(self, *, keep: int = 15) -> None:
         self.keep = keep
-        self._jobs: dict[tuple[str, Direction], deque[float]] = {}
-        self._profiles: dict[tuple[str, Direction], deque[float]] = {}
+        self._jobs: dict[tuple[str, PauseKind], deque[float]] = {}
+        self._profiles: dict[tuple[str, PauseKind, bool], deque[float]] = {}
         self._profile: dict[str, str] = {}        # job -> its profile ('' = none)
+        self._elastic: set[str] = set()           # jobs that re-form in place (issue #26)
         self.rejected = 0
         self.version = 0        # bumps with every change that can change a cost
 
-    def register(self, job_id: str, profile: str) -> None:
+    def register(self, job_id: str, profile: str, elastic: bool = False) -> None:
         if self._profile.get(job_id) != profile:
             self._profile[job_id] = profile
             self.version += 1
+        if elastic != (job_id in self._elastic):
+            (self._elastic.add if elastic else self._elastic.discard)(job_id)
+            self.version += 1
+
+    def elastic(self, job_id: str) -> bool:
+        """Whether ``job_id`` re-forms in place (its pauses are kept per kind)."""
+        return job_id in self._elastic
 
     def forget(self, job_id: str) -> None:
         """A finished job: its own measurements go (its profile keeps what it contributed)."""
         self._profile.pop(job_id, None)
-        for d in Direction:
-            self._jobs.pop((job_id, d), None)
+        self._elastic.discard(job_id)
+        for k in PauseKind:
+            self._jobs.pop((job_id, k), None)
         self.version += 1
+
+    def _key(self, job_id: str, kind: PauseKind) -> PauseKind:
+        """The kind a job's pause is kept as: its own for an elastic group, else its direction's."""
+        return kind if job_id in self._elastic else _RESTART_KIND[kind]
 
     def add(self, sample: PauseSample) -> bool:
         """Record one measured pause; False (counted) when it is not plausible."""
@@ -58,14 +90,15 @@ class RescaleLearner:
                 or not 0.0 <= p <= MAX_PAUSE_S):
             self.rejected += 1
             return False
-        self._push(self._jobs, (sample.job_id, sample.direction), float(p), self.MAX_JOBS)
+        kind = self._key(sample.job_id, sample.kind)
+        self._push(self._jobs, (sample.job_id, kind), float(p), self.MAX_JOBS)
         prof = self._profile.get(sample.job_id, "")
         if prof:
-            self._push(self._profiles, (prof, sample.direction), float(p), self.MAX_PROFILES)
+            self._push(self._profiles, (prof, kind, sample.job_id in self._elastic), float(p), self.MAX_PROFILES)
         self.version += 1
         return True
 
-    def _push(self, table: dict, key: tuple[str, Direction], p: float, limit: int) -> None:
+    def _push(self, table: dict, key: tuple, p: float, limit: int) -> None:
         q = table.pop(key, None) or deque(maxlen=self.keep)
         q.append(p)
         table[key] = q                      # newest keys last: the oldest go first
@@ -78,44 +111,54 @@ class RescaleLearner:
             del self._jobs[key]
         for job in [j for j in self._profile if j not in jobs]:
             del self._profile[job]
+        self._elastic &= jobs
         self.version += 1
 
     # persistence (the daemon's store keeps this across restarts)
     def dump(self) -> dict:
-        return {"jobs": [[j, d.value, list(q)] for (j, d), q in self._jobs.items()],
-                "profiles": [[p, d.value, list(q)] for (p, d), q in self._profiles.items()],
-                "job_profiles": dict(self._profile)}
+        return {"jobs": [[j, k.value, list(q)] for (j, k), q in self._jobs.items()],
+                "profiles": [[p, k.value, list(q), e] for (p, k, e), q in self._profiles.items()],
+                "job_profiles": dict(self._profile), "elastic": sorted(self._elastic)}
 
     def load(self, data: dict) -> None:
-        """What :meth:`dump` wrote; implausible values are left out, bounds apply as in :meth:`add`."""
+        """What :meth:`dump` wrote (or a store from before the kinds: ``up`` and ``down`` become
+        ``start`` and ``shrink``); implausible values are left out, bounds apply as in :meth:`add`."""
         for key, table, limit in (("jobs", self._jobs, self.MAX_JOBS), ("profiles", self._profiles, self.MAX_PROFILES)):
-            for name, direction, values in data.get(key, []):
+            for entry in data.get(key, []):
+                name, kind, values = entry[:3]
+                k = (str(name), _kind(kind)) if key == "jobs" else \
+                    (str(name), _kind(kind), bool(entry[3]) if len(entry) > 3 else False)
                 for v in values:
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
                             and 0 <= v <= MAX_PAUSE_S:
-                        self._push(table, (str(name), Direction(direction)), float(v), limit)
+                        self._push(table, k, float(v), limit)
         for job, prof in list(data.get("job_profiles", {}).items())[:self.MAX_JOBS]:
             self._profile.setdefault(str(job), str(prof))
+        self._elastic.update(str(j) for j in list(data.get("elastic", []))[:self.MAX_JOBS])
         self.version += 1
 
-    def measured(self, job_id: str, direction: Direction) -> tuple[float, ...]:
-        return tuple(self._jobs.get((job_id, direction), ()))
+    def measured(self, job_id: str, kind: PauseKind) -> tuple[float, ...]:
+        """The job's own measurements of the pause ``kind`` is kept as (:meth:`_key`)."""
+        return tuple(self._jobs.get((job_id, self._key(job_id, kind)), ()))
 
-    def prior(self, job_id: str, direction: Direction, guess_s: float) -> float:
-        """What the job is charged before its own measurements: its profile's median, or its guess."""
-        pooled = self._profiles.get((self._profile.get(job_id, ""), direction))
+    def prior(self, job_id: str, kind: PauseKind, guess_s: float) -> float:
+        """What the job is charged before its own measurements: its profile's median, or the guess."""
+        key = (self._profile.get(job_id, ""), self._key(job_id, kind), job_id in self._elastic)
+        pooled = self._profiles.get(key)
         return float(statistics.median(pooled)) if pooled else guess_s
+
+    def _estimate(self, job_id: str, kind: PauseKind, guess_s: float) -> tuple[float, int]:
+        own = self.measured(job_id, kind)
+        prior = self.prior(job_id, kind, guess_s)
+        return (float(statistics.median((*own, prior))) if own else prior), len(own)
 
     def cost(self, job_id: str, up_guess_s: float, down_guess_s: float) -> RescaleCost:
         """The pauses to charge ``job_id``: learned, with the prior as one more measurement."""
-        up = self.measured(job_id, Direction.UP)
-        down = self.measured(job_id, Direction.DOWN)
-        return RescaleCost(_estimate(up, self.prior(job_id, Direction.UP, up_guess_s)),
-                           _estimate(down, self.prior(job_id, Direction.DOWN, down_guess_s)),
-                           len(up), len(down))
-
-
-def _estimate(measured: tuple[float, ...], prior_s: float) -> float:
-    if not measured:
-        return prior_s
-    return float(statistics.median((*measured, prior_s)))
+        up, up_n = self._estimate(job_id, START, up_guess_s)
+        down, down_n = self._estimate(job_id, SHRINK, down_guess_s)
+        if job_id not in self._elastic:
+            return RescaleCost(up, down, up_n, down_n)
+        grow, grow_n = self._estimate(job_id, GROW, up_guess_s)
+        taken, taken_n = self._estimate(job_id, PREEMPTION, down)
+        loss, loss_n = self._estimate(job_id, LOSS, taken)
+        return RescaleCost(up, down, up_n, down_n, grow, taken, loss, grow_n, taken_n, loss_n)

@@ -102,6 +102,7 @@ class Book:
     change_hold_s: float = 0.0
     change_release_s: float = 0.0
     change_nodes: int = 0
+    change_start: bool = False        # that change was a start (from no nodes)
     # an elastic group's members released by us or last seen running: "TASK@NODE" (issue #26)
     members: tuple[str, ...] = ()
 
@@ -282,7 +283,7 @@ class SlurmBackend:
             capped = self._limited(r, tag)
             book = self.books.get(r.job_id, Book())
             change = (SizeChange(Direction(book.change_dir), book.change_hold_s, book.change_release_s,
-                                 book.change_nodes) if book.change_dir in ("up", "down") else None)
+                                 book.change_nodes, book.change_start) if book.change_dir in ("up", "down") else None)
             fact = JobFacts(self._profile(r, tag), r.user,
                             self._metrics_path(r.job_id, tag) if tag.metrics_dir else None,
                             uid=r.uid, max_nodes=tag.max_nodes, state=r.state,
@@ -994,7 +995,7 @@ class SlurmBackend:
                            launching=tuple(n for n in book.launching if n != node),
                            running=tuple(n for n in book.running if n != node), last_change_s=now,
                            paused_until_s=now + (tag.rescale_down_s if tag else 0.0), change_dir="down",
-                           change_hold_s=now, change_release_s=now, change_nodes=len(placed))
+                           change_hold_s=now, change_release_s=now, change_nodes=len(placed), change_start=False)
             self._put(gid, book)
             try:
                 if m.phase is Phase.RUNNING:
@@ -1033,7 +1034,8 @@ class SlurmBackend:
             book = replace(book, members=Book.entries(placed),
                            launching=tuple(sorted({*book.launching, node})), launch_t=now, last_change_s=now,
                            paused_until_s=now + (tag.rescale_up_s if tag else 0.0), change_dir="up",
-                           change_hold_s=now, change_release_s=now, change_nodes=len(a.to_nodes))
+                           change_hold_s=now, change_release_s=now, change_nodes=len(a.to_nodes),
+                           change_start=a.kind is ActionKind.START)
             self._put(gid, book)
             try:
                 self.runner.write(["scontrol", "update", f"JobId={m.spec}", "NumNodes=1-1", f"ReqNodeList={node}",
@@ -1073,7 +1075,8 @@ class SlurmBackend:
         hold = book.change_hold_s if a.kind is not ActionKind.START and book.change_hold_s else now
         self._put(a.job_id, Book(launching=tuple(a.to_nodes), launch_t=now, last_change_s=now,
                                  paused_until_s=now + pause, running=(), change_dir="up" if up else "down",
-                                 change_hold_s=hold, change_release_s=now, change_nodes=k))
+                                 change_hold_s=hold, change_release_s=now, change_nodes=k,
+                                 change_start=a.kind is ActionKind.START))
         try:
             ok = (self._write(a.job_id, ["scontrol", "update", f"jobid={a.job_id}", f"NumNodes={k}-{k}",
                                          f"ReqNodeList={collect(a.to_nodes)}", "StartTime=now"])

@@ -71,25 +71,28 @@ def test_a_size_change_is_measured_from_its_hold_to_the_first_step_of_the_new_ru
     progress(path, 126.0, 100.0, nodes=3, restart=1)   # the first step at the new size
     progress(path, 127.0, 400.0, nodes=3, restart=1)
     (p,) = poll(130.0, grow)
-    assert (p.job_id, p.direction, p.pause_s) == ("7", Direction.UP, 16.0)
+    assert (p.job_id, p.direction, p.pause_s, p.kind.value) == ("7", Direction.UP, 16.0, "grow")
     assert poll(140.0, grow) == ()                       # measured once
     shrink = SizeChange(Direction.DOWN, hold_s=200.0, release_s=230.0, nodes=2)
     progress(path, 205.0, 500.0, nodes=2, restart=2)   # claims to run before Slurm released it
     (p,) = poll(240.0, shrink)
     assert p.pause_s == 30.0                             # at least Slurm's part (release - hold)
-    late = SizeChange(Direction.UP, hold_s=300.0, release_s=301.0, nodes=4)
+    late = SizeChange(Direction.UP, hold_s=300.0, release_s=301.0, nodes=4, start=True)
     progress(path, 900.0, 600.0, nodes=4, restart=3)   # claims a time after the read
     (p,) = poll(320.0, late)
     assert p.pause_s == 20.0                             # at most until the daemon read it
+    assert p.kind.value == "start"                       # (the daemon started it: a start, not a grow)
 
 
 def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_path):
     """Issue #26: a group's members re-form in place, so what a change costs is the survivors'
     pause (a shrink) plus, for a grow, the joiner's start from the release, charged for the share
     of the new size it idled; never the time from the hold to the first record at the new size
-    (the joiner's own start under Slurm, seconds, which the survivors did not wait for)."""
+    (the joiner's own start under Slurm, seconds, which the survivors did not wait for).  Each is
+    measured as its kind: a shrink the daemon did not order is a node taken back (a preemption),
+    a loss is a loss."""
     from malletrain.core.backend import SizeChange
-    from malletrain.domain.model import Direction
+    from malletrain.domain.model import Direction, PauseKind
     path = tmp_path / "7.jsonl"
 
     def reform(t, kind, nodes, pause_s):
@@ -103,27 +106,33 @@ def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_p
     def poll(now, change, elastic=True):
         facts = {"7": JobFacts("p", "alice", str(path), uid=os.getuid(), change=change, elastic=elastic)}
         src.poll(Observation(Snapshot(now, (), ()), (), facts))
-        return [(p.direction, round(p.pause_s, 4)) for p in src.pauses()]
+        return [(p.kind, round(p.pause_s, 4)) for p in src.pauses()]
     assert poll(95.0, None) == []
+    reform(96.0, "shrink", 1, 0.03)          # before any change of the daemon's: a node taken back
+    reform(97.0, "grow", 2, 0.03)            # nor is a grow it did not make measured
+    assert poll(98.0, None) == [(PauseKind.PREEMPTION, 0.03)]
     grow = SizeChange(Direction.UP, hold_s=100.0, release_s=100.0, nodes=3)
     reform(106.0, "grow", 3, 0.05)           # the joiner started for 6 s; the others paused 0.05 s
     progress(path, 106.5, 200.0, nodes=3)
     progress(path, 107.0, 300.0, nodes=3)
-    assert poll(110.0, grow) == [(Direction.UP, round(0.05 + 6.0 / 3, 4))]
+    assert poll(110.0, grow) == [(PauseKind.GROW, round(0.05 + 6.0 / 3, 4))]
     reform(111.0, "grow", 4, 0.04)           # a second admission for the same change: measured once
     assert poll(112.0, grow) == []
-    shrink = SizeChange(Direction.DOWN, hold_s=120.0, release_s=120.0, nodes=3)
-    reform(121.0, "shrink", 3, 0.038)
-    reform(125.0, "loss", 2, 0.2)            # not a change the daemon makes
-    progress(path, 126.0, 400.0, nodes=2)
-    assert poll(130.0, shrink) == [(Direction.DOWN, 0.038)]
-    reform(129.0, "shrink", 1, 0.0)          # that change was measured already: once per change
-    assert poll(129.5, shrink) == []
+    shrink = SizeChange(Direction.DOWN, hold_s=120.0, release_s=120.0, nodes=2)
+    reform(121.0, "shrink", 3, 0.038)        # the daemon's shrink 4 -> 2, in two steps
+    reform(121.5, "shrink", 2, 0.02)
+    reform(125.0, "loss", 1, 0.2)            # a member gone unannounced
+    progress(path, 126.0, 400.0, nodes=1)
+    assert poll(130.0, shrink) == [(PauseKind.SHRINK, 0.038), (PauseKind.LOSS, 0.2)]
+    reform(129.0, "grow", 2, 0.1)            # (Slurm's own start of a member: not measured)
+    reform(129.2, "shrink", 1, 0.01)         # the group is at the size the daemon shrank it to: taken back
+    assert poll(129.5, shrink) == [(PauseKind.PREEMPTION, 0.01)]
+    reform(129.8, "grow", 3, 0.1)
     shrink2 = SizeChange(Direction.DOWN, hold_s=130.0, release_s=130.0, nodes=1)
-    reform(131.0, "shrink", 1, 5e9)          # beyond any pause: no measurement
-    reform(131.5, "shrink", 1, "0")          # nor one that is not a number
+    reform(131.0, "shrink", 2, 5e9)          # beyond any pause: no measurement
+    reform(131.5, "shrink", 2, "0")          # nor one that is not a number
     reform(131.6, "shrink", 1, 5e4)          # a claim beyond max_pause_s is cut to it
-    assert poll(132.0, shrink2) == [(Direction.DOWN, 3600.0)]
+    assert poll(132.0, shrink2) == [(PauseKind.SHRINK, 3600.0)]
     assert src.members("7") == (0,)          # the last record naming its members well
     reform(133.0, "grow", 2, 0.05)
     with open(path, "a") as fh:              # members that are not task ids name nobody

@@ -2,6 +2,7 @@
 look-ahead), the expected-work objective, the fair objective and the starvation bound."""
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -15,10 +16,10 @@ from malletrain.domain.model import (
     STAYING,
     Curve,
     CurvePoint,
-    Direction,
     JobSpec,
     JobState,
     Node,
+    PauseKind,
     PauseSample,
     RescaleCost,
     Snapshot,
@@ -40,10 +41,10 @@ def test_a_wrong_guess_gives_way_to_measurements():
     truth = 20.0
     rng = random.Random(1)
     for k in range(3):
-        lr.add(PauseSample("j", Direction.UP, truth * (1 + 0.05 * rng.gauss(0, 1)), float(k)))
+        lr.add(PauseSample("j", PauseKind.START, truth * (1 + 0.05 * rng.gauss(0, 1)), float(k)))
         est = lr.cost("j", 90.0, 30.0).up_s
         if k == 0:
-            assert est == pytest.approx((90.0 + lr.measured("j", Direction.UP)[0]) / 2)
+            assert est == pytest.approx((90.0 + lr.measured("j", PauseKind.START)[0]) / 2)
     assert abs(est - truth) / truth < 0.2          # within 20% after three, from a guess 4.5x off
     assert lr.cost("j", 90.0, 30.0).down_s == 30.0   # the other direction still has only the guess
     assert "3 up" in lr.cost("j", 90.0, 30.0).source
@@ -55,17 +56,74 @@ def test_a_profile_teaches_its_next_job_and_bounds_hold():
     lr.register("b", "bert")
     lr.register("c", "other")
     for k in range(3):
-        assert lr.add(PauseSample("a", Direction.DOWN, 12.0, float(k)))
+        assert lr.add(PauseSample("a", PauseKind.SHRINK, 12.0, float(k)))
     assert lr.cost("b", 60.0, 60.0).down_s == 12.0           # b has no data: its profile's median
     assert lr.cost("c", 60.0, 60.0).down_s == 60.0           # another profile: its own guess
     for bad in (-1.0, math.nan, math.inf, 1e12, True):
-        assert not lr.add(PauseSample("a", Direction.UP, bad, 9.0))
-    assert lr.rejected == 5 and lr.measured("a", Direction.UP) == ()
+        assert not lr.add(PauseSample("a", PauseKind.GROW, bad, 9.0))
+    assert lr.rejected == 5 and lr.measured("a", PauseKind.START) == ()
     lr.forget("a")                                           # its profile remembers
-    assert lr.measured("a", Direction.DOWN) == () and lr.cost("b", 60.0, 60.0).down_s == 12.0
+    assert lr.measured("a", PauseKind.SHRINK) == () and lr.cost("b", 60.0, 60.0).down_s == 12.0
     again = RescaleLearner()
     again.load(lr.dump())
     assert again.cost("b", 60.0, 60.0) == lr.cost("b", 60.0, 60.0)
+
+
+def test_a_restarting_job_pays_one_pause_per_direction_whatever_the_kind():
+    """A job that restarts on every change: its grows teach its starts, its preemptions its
+    shrinks (one restart each), so its costs are the two they always were."""
+    lr = RescaleLearner()
+    lr.register("j", "")
+    for k, (kind, p) in enumerate([(PauseKind.START, 10.0), (PauseKind.GROW, 12.0), (PauseKind.GROW, 14.0),
+                                   (PauseKind.SHRINK, 4.0), (PauseKind.PREEMPTION, 6.0), (PauseKind.LOSS, 8.0)]):
+        lr.add(PauseSample("j", kind, p, float(k)))
+    cost = lr.cost("j", 90.0, 30.0)
+    assert cost == RescaleCost(statistics.median([10.0, 12.0, 14.0, 90.0]), statistics.median([4.0, 6.0, 8.0, 30.0]),
+                               3, 3)
+    assert cost.grow_pause_s == cost.up_s and cost.taken_pause_s == cost.down_s
+    assert lr.measured("j", PauseKind.GROW) == (10.0, 12.0, 14.0)
+
+
+def test_an_elastic_group_learns_each_kind_with_the_priors_chained():
+    """Issue #26: a group re-forms in place, so a grow is not a start and a node taken back is
+    not a restart.  Before its own measurements: the configured up for a start and a grow, the
+    configured down for a shrink, the shrink's estimate for a preemption, the preemption's for a
+    loss.  Its profile teaches only other elastic jobs of that profile."""
+    lr = RescaleLearner()
+    lr.register("g", "bert", elastic=True)
+    lr.register("plain", "bert")
+    lr.register("g2", "bert", elastic=True)
+    assert lr.elastic("g") and not lr.elastic("plain")
+    first = lr.cost("g", 30.0, 10.0)
+    assert (first.up_s, first.grow_pause_s, first.down_s, first.taken_pause_s, first.loss_s) == (30, 30, 10, 10, 10)
+    for k in range(3):
+        lr.add(PauseSample("g", PauseKind.GROW, 0.2, float(k)))
+        lr.add(PauseSample("g", PauseKind.SHRINK, 0.05, float(k)))
+        lr.add(PauseSample("g", PauseKind.LOSS, 2.0, float(k)))
+    lr.add(PauseSample("g", PauseKind.START, 6.0, 9.0))
+    cost = lr.cost("g", 30.0, 10.0)
+    assert cost.up_s == 6.0 and cost.grow_pause_s == 0.2 and cost.down_s == 0.05   # (its profile holds its start)
+    assert cost.taken_pause_s == 0.05 and cost.preemption_n == 0        # as the shrink, until measured
+    assert cost.loss_s == 2.0 and cost.loss_n == 3
+    assert "3 grow" in cost.source and "1 start" in cost.source
+    lr.add(PauseSample("g", PauseKind.PREEMPTION, 0.5, 10.0))
+    assert lr.cost("g", 30.0, 10.0).taken_pause_s == 0.5      # its own, and its profile's (which holds it)
+    assert lr.cost("g2", 30.0, 10.0).grow_pause_s == 0.2         # its profile's elastic grows
+    plain = lr.cost("plain", 30.0, 10.0)
+    assert plain == RescaleCost(30.0, 10.0)       # the groups' pauses are not a restart's
+    again = RescaleLearner()
+    again.load(lr.dump())
+    assert again.cost("g", 30.0, 10.0) == lr.cost("g", 30.0, 10.0)
+    assert again.cost("g2", 30.0, 10.0) == lr.cost("g2", 30.0, 10.0)
+
+
+def test_a_store_from_before_the_kinds_loads_its_directions_as_start_and_shrink():
+    old = {"jobs": [["j", "up", [5.0, 7.0]], ["j", "down", [2.0]]], "profiles": [["bert", "down", [3.0]]],
+           "job_profiles": {"j": "bert", "k": "bert"}}
+    lr = RescaleLearner()
+    lr.load(old)
+    assert lr.measured("j", PauseKind.START) == (5.0, 7.0) and lr.measured("j", PauseKind.PREEMPTION) == (2.0,)
+    assert lr.cost("k", 60.0, 60.0).down_s == 3.0
 
 
 # ---------------------------------------------------------------- node availability
@@ -134,6 +192,25 @@ def test_without_predictions_the_value_is_the_plain_expected_work():
                                 600.0, {}, None))
     assert opts == {0: 0.0, 1: pytest.approx(rate(1) * 595.0), 2: pytest.approx(rate(2) * 600.0),
                     4: pytest.approx(rate(4) * 570.0)}
+
+
+def test_an_elastic_group_pays_its_grow_for_a_grow_a_start_for_a_start_and_its_preemption_for_a_node_taken():
+    """Issue #26: a group that re-forms in place is valued with its own pauses: its grow (not a
+    start's restart) when it grows, its preemption pause (not a shrink's) for the chance that a
+    node of its set is taken back.  A job that restarts pays the same with the kinds unset."""
+    rate = lambda n: 10.0 * n ** 0.8    # noqa: E731
+    elastic = RescaleCost(30.0, 5.0, grow_s=0.5, preemption_s=0.2, loss_s=2.0)
+    held = _job(held=("n0", "n1"))
+    v = dict(expected_values(held, [1, 2, 4], rate, elastic, 1.0, 600.0, {}, None))
+    assert v[4] == pytest.approx(rate(4) * 599.5) and v[1] == pytest.approx(rate(1) * 595.0)
+    idle = dict(expected_values(_job(), [2], rate, elastic, 1.0, 600.0, {}, None))
+    assert idle[2] == pytest.approx(rate(2) * 570.0)            # a start is a restart of every member
+    risky = Stay(1.0, 0.5)                                      # stays, but may be taken back (50%)
+    stays = {"n0": risky, "n1": STAYING}
+    with_kinds = dict(expected_values(held, [2], rate, elastic, 1.0, 600.0, stays, FreeOrder([])))
+    restart = dict(expected_values(held, [2], rate, RescaleCost(30.0, 5.0), 1.0, 600.0, stays, FreeOrder([])))
+    assert with_kinds[2] == pytest.approx(rate(2) * (600.0 - 0.2 * 0.5))
+    assert restart[2] == pytest.approx(rate(2) * (600.0 - 5.0 * 0.5))
 
 
 def test_a_node_about_to_leave_is_not_worth_a_grow_and_never_a_shrink():

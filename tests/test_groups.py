@@ -98,6 +98,33 @@ def test_a_group_starts_grows_and_shrinks_one_member_per_node_and_never_restarts
     assert all(r["reason"] == "job requeued in held state" for k, r in fake.jobs.items() if k != "50_3")
 
 
+def test_a_groups_facts_say_it_re_forms_in_place_and_which_kind_each_change_of_the_daemons_was():
+    """The pause learner keeps a group's kinds apart (issue #26): its facts say it is elastic, and
+    its last change whether it was a start, a grow or a shrink; a plain job's say it is not."""
+    from malletrain.domain.model import PauseKind
+    fake = FakeSlurm()
+    held_array(fake, "50", 4)
+    held_job(fake, "60")
+    b, clock, _ = _backend(fake)
+    b.observe()
+    b.apply([_act(ActionKind.START, (), ("n1",)),
+             Action("60", ActionKind.START, (), ("n3",), "why", ReasonCode.GAIN)])
+    clock["t"] += 2
+    obs = b.observe()
+    assert obs.elastic() == {"50"}
+    assert obs.facts["50"].change.kind is PauseKind.START and obs.facts["60"].change.kind is PauseKind.START
+    fake.run_pending()
+    b.observe()
+    b.apply([_act(ActionKind.GROW, ("n1",), ("n1", "n2"))])
+    clock["t"] += 2
+    assert b.observe().facts["50"].change.kind is PauseKind.GROW
+    fake.run_pending()
+    b.observe()
+    b.apply([_act(ActionKind.SHRINK, ("n1", "n2"), ("n1",))])
+    clock["t"] += 2
+    assert b.observe().facts["50"].change.kind is PauseKind.SHRINK
+
+
 def test_a_preempted_member_is_held_again_and_only_its_node_leaves_the_group():
     fake = FakeSlurm()
     held_array(fake, "50", 3)

@@ -200,3 +200,45 @@ def test_an_elastic_grow_pauses_the_survivors_while_the_joiners_start_and_a_star
     assert run(None) == pytest.approx(20 * 70 + 30 * (100 - 30))
     # elastic: 0.05 s for everyone, then 30 s at 20/s while the third member starts, then 30/s
     assert run((0.05, 0.04)) == pytest.approx(20 * 70 + 20 * 30 + 30 * (100 - 30.05))
+
+
+def test_the_sim_reports_each_pause_with_its_kind_and_an_elastic_replay_learns_them_apart():
+    """Issue #26: the sim's jobs measure a start, a grow, a shrink and a preemption as such (a
+    move of an elastic job, a mixed change, is not reported, as the daemon does not measure one).
+    Its elastic jobs are flagged as such, so the learner keeps each kind apart: the grow it learns
+    is the grow's cost, not a mix with the restarts of its starts."""
+    from malletrain.core.forecast import ForecastSource
+    from malletrain.domain.config import CoreConfig
+    from malletrain.domain.model import Action, ActionKind, JobSpec, PauseKind, ReasonCode
+    from malletrain.replay.sim import SimCluster
+
+    def run(elastic):
+        sim = SimCluster(["a", "b", "c", "d"], [False] * 4, 0.0, elastic=elastic)
+        sim.admit(JobSpec("j", 1, 4, 30.0, 10.0, "", 0.0, "j"), lambda n: 10.0 * n, 1e9)   # no profile
+        kinds, fc = [], ForecastSource(CoreConfig(policy="malletrain", availability=False))
+        steps = [(ActionKind.START, (), ("a", "b")), (ActionKind.GROW, ("a", "b"), ("a", "b", "c")),
+                 (ActionKind.SHRINK, ("a", "b", "c"), ("a", "b")), (ActionKind.SHRINK, ("a", "b"), ("a", "d"))]
+        for t, (kind, old, new) in enumerate(steps):
+            sim.apply([Action("j", kind, old, new, "", ReasonCode.GAIN)])
+            sim.advance(100.0 * (t + 1))
+            obs = sim.observe()
+            pauses = sim.pauses()
+            kinds += [p.kind for p in pauses]
+            fc.ingest(obs.snapshot, obs.profiles(), pauses, elastic=obs.elastic())
+        sim.settle_preemptions({"j": 1})
+        sim.jobs["j"].nodes = ["a"]
+        sim.advance(500.0)
+        obs = sim.observe()
+        pauses = sim.pauses()
+        kinds += [p.kind for p in pauses]
+        fc.ingest(obs.snapshot, obs.profiles(), pauses, elastic=obs.elastic())
+        return kinds, fc.learner.cost("j", 30.0, 10.0)
+
+    kinds, cost = run((0.05, 0.04))
+    assert kinds == [PauseKind.START, PauseKind.GROW, PauseKind.SHRINK, PauseKind.PREEMPTION]
+    assert cost.up_s == 30.0 and cost.grow_s == pytest.approx((30.0 + 0.05 + 30.0 / 3) / 2)
+    assert cost.down_s == pytest.approx((10.0 + 0.04) / 2) and cost.preemption_n == 1
+    assert cost.preemption_s == pytest.approx((cost.down_s + 0.04) / 2)     # the shrink's estimate its prior
+    kinds, cost = run(None)           # restarts: the same kinds measured, learned as up and down
+    assert kinds == [PauseKind.START, PauseKind.GROW, PauseKind.SHRINK, PauseKind.SHRINK, PauseKind.PREEMPTION]
+    assert cost.grow_s is None and (cost.up_n, cost.down_n) == (2, 3)

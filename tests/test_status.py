@@ -76,6 +76,32 @@ def test_an_elastic_groups_members_round_trip_and_show_in_status_and_explain(tmp
         read_status(str(tmp_path / "status.json"))
 
 
+def test_explain_shows_an_elastic_groups_pause_per_kind_and_a_restarting_jobs_two(tmp_path, capsys):
+    """Issue #26: a group's pauses are learned per kind; explain says which were measured, and
+    that a loss is shown but not charged.  A status written before the kinds still reads."""
+    import dataclasses
+
+    from malletrain.cli.main import main
+    from malletrain.daemon.status import Rescale
+    st = sample_status()
+    group = Rescale(6.0, 0.05, 1, 3, 30.0, 10.0, grow_s=0.2, grow_n=3, preemption_s=0.05, preemption_n=0,
+                    loss_s=2.1, loss_n=2)
+    write_status(str(tmp_path / "status.json"), dataclasses.replace(st, jobs=(dataclasses.replace(st.jobs[0],
+                                                                                                 rescale=group),)))
+    assert read_status(str(tmp_path / "status.json")).jobs[0].rescale == group
+    assert main(["explain", "17", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pauses in place: start 6s learned from 1 measurement(s) (configured 30s)" in out
+    assert "grow 0.2s learned from 3 measurement(s)" in out and "preemption 0.05s (as the shrink)" in out
+    assert "loss 2.1s learned from 2 measurement(s), not charged" in out
+    doc = json.loads((tmp_path / "status.json").read_text())
+    for k in ("grow_s", "grow_n", "preemption_s", "preemption_n", "loss_s", "loss_n"):
+        del doc["jobs"][0]["rescale"][k]
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    assert main(["explain", "17", "--state-dir", str(tmp_path)]) == 0
+    assert "rescale pauses: up 6s learned from 1 measurement(s)" in capsys.readouterr().out
+
+
 def test_missing_malformed_or_other_schema_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="no status yet"):
         read_status(str(tmp_path / "none.json"))

@@ -199,8 +199,17 @@ def _explain_lines(job):
         def side(value: float, n: int, configured: float) -> str:
             return (f"{value:.3g}s learned from {n} measurement(s) (configured {configured:.3g}s)" if n
                     else f"{value:.3g}s" + (" configured" if value == configured else " (its profile's)"))
-        yield (f"rescale pauses: up {side(r.up_s, r.up_n, r.configured_up_s)}; "
-               f"down {side(r.down_s, r.down_n, r.configured_down_s)}")
+        if r.grow_s is None:
+            yield (f"rescale pauses: up {side(r.up_s, r.up_n, r.configured_up_s)}; "
+                   f"down {side(r.down_s, r.down_n, r.configured_down_s)}")
+        else:      # an elastic group: each kind its own (a restart's up and down are its start and shrink)
+            def kind(value: float | None, n: int, prior: str) -> str:
+                return f"{value or 0.0:.3g}s " + (f"learned from {n} measurement(s)" if n else f"({prior})")
+            yield (f"pauses in place: start {side(r.up_s, r.up_n, r.configured_up_s)}; "
+                   f"grow {kind(r.grow_s, r.grow_n, 'its profile or the configured up')}; "
+                   f"shrink {side(r.down_s, r.down_n, r.configured_down_s)}; "
+                   f"preemption {kind(r.preemption_s, r.preemption_n, 'as the shrink')}; "
+                   f"loss {kind(r.loss_s, r.loss_n, 'as a preemption')}, not charged")
     if job.curve:
         counts = job.probes or ((job.probe,) if job.probe else ())
         probe = (f", still to measure at {', '.join(map(str, counts))} node(s): "

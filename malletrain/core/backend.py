@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from malletrain.domain.model import Action, Direction, PauseSample, Sample, Snapshot
+from malletrain.domain.model import Action, Direction, PauseKind, PauseSample, Sample, Snapshot
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,13 @@ class SizeChange:
     hold_s: float
     release_s: float
     nodes: int
+    start: bool = False         # from no nodes (a start, not a grow)
+
+    @property
+    def kind(self) -> PauseKind:
+        if self.direction is Direction.DOWN:
+            return PauseKind.SHRINK
+        return PauseKind.START if self.start else PauseKind.GROW
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,10 @@ class Observation:
 
     def profiles(self) -> dict[str, str]:
         return {job: f.profile for job, f in self.facts.items()}
+
+    def elastic(self) -> frozenset[str]:
+        """The jobs that re-form in place (elastic groups, issue #26)."""
+        return frozenset(job for job, f in self.facts.items() if f.elastic)
 
 
 class Backend(Protocol):

@@ -111,7 +111,7 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     source.ingest(samples, obs.profiles(), obs.finished)
     pauses = tuple(metrics.pauses())
     if forecast is not None:
-        forecast.ingest(obs.snapshot, obs.profiles(), pauses, obs.finished, samples)
+        forecast.ingest(obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic())
     t0 = time.perf_counter()
     curves = source.curves(obs.snapshot)
     outlook = forecast.outlook(obs.snapshot) if forecast is not None else NO_OUTLOOK

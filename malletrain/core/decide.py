@@ -452,14 +452,15 @@ def _verb(c: int, n: int) -> str:
 
 def _exposure(jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, int]],
               curves: Mapping[str, Curve], outlook: Outlook, cfg: CoreConfig) -> dict[str, float]:
-    """What a node taken back costs each job at its target size: its down pause at that rate."""
+    """What a node taken back costs each job at its target size: its pause for it (a restart's
+    down pause, or an elastic group's preemption pause) at that rate."""
     out = {}
     for j in jobs:
         n = targets.get(j.job_id, (None, 0))[1]
         curve = curves.get(j.job_id)
         if n > j.size and curve is not None:
             rate = unit_rate(j, curve.mean, cfg)
-            out[j.job_id] = _cost(j, outlook).down_s * rate(n) * unit_weight(j, rate, cfg)
+            out[j.job_id] = _cost(j, outlook).taken_pause_s * rate(n) * unit_weight(j, rate, cfg)
     return out
 
 
@@ -480,7 +481,8 @@ def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem
             return ReasonCode.OUTBID, "wait: the idle nodes are worth more to other jobs"
         return (ReasonCode.BEST_AS_IS,
                 f"keep {n}: no change beats the current size ({rate(n):.1f} samples/s, {src})")
-    pauses = f"{cost.up_s:g}s up / {cost.down_s:g}s down pause, {cost.source}"
+    pauses = (f"{cost.up_s:g}s up / {cost.down_s:g}s down pause, {cost.source}" if cost.grow_s is None else
+              f"{cost.up_s:g}s start / {cost.grow_pause_s:g}s grow / {cost.down_s:g}s shrink pause, {cost.source}")
     if c == 0:
         return ReasonCode.GAIN, f"start on {n}: predicted {rate(n):.1f} samples/s ({src}; {pauses})"
     if n == 0:
@@ -488,7 +490,7 @@ def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem
                 f"{cfg.horizon_s:g}s horizon, or fewer than min_nodes={job.spec.min_nodes} remain")
     if n > c:
         return (ReasonCode.GAIN, f"grow {c}→{n}: +{rate(n) - rate(c):.1f} samples/s over "
-                f"{cfg.horizon_s:g}s outweighs the {cost.up_s:g}s pause ({src}; {cost.source})")
+                f"{cfg.horizon_s:g}s outweighs the {cost.grow_pause_s:g}s pause ({src}; {cost.source})")
     return (ReasonCode.YIELD, f"shrink {c}→{n}: loses {rate(c) - rate(n):.1f} samples/s but the "
             f"nodes yield more elsewhere or are gone ({src}; {pauses})")
 

@@ -23,6 +23,7 @@ Pure: times come from the observations.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from malletrain.core.availability import IdleHistory
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
@@ -31,6 +32,7 @@ from malletrain.domain.model import (
     Direction,
     JobSpec,
     Outlook,
+    PauseKind,
     PauseSample,
     RescaleCost,
     Sample,
@@ -63,9 +65,11 @@ class ForecastSource:
         return self.config.policy in FORECAST_POLICIES
 
     def ingest(self, snapshot: Snapshot, profiles: Mapping[str, str], pauses: Iterable[PauseSample],
-               finished: Iterable[str] = (), samples: Iterable[Sample] = ()) -> None:
+               finished: Iterable[str] = (), samples: Iterable[Sample] = (),
+               elastic: AbstractSet[str] = frozenset()) -> None:
         """One observation: the pool (idle stretches), profiles, measured pauses, jobs that left,
-        throughput samples with their nodes' facts (sensitivity to slow nodes and groups)."""
+        throughput samples with their nodes' facts (sensitivity to slow nodes and groups), the
+        jobs that re-form in place (their pauses are learned per kind)."""
         if not self.active:
             return
         if self.config.availability:
@@ -79,7 +83,7 @@ class ForecastSource:
                     self._mixed.add(s.job_id)      # nominal samples count once a job ran elsewhere too
                     self.sensitivity.add(s)
         for job, prof in profiles.items():
-            self.learner.register(job, prof)
+            self.learner.register(job, prof, job in elastic)
             self.sensitivity.register(job, prof)
         pauses = tuple(pauses)
         specs = {j.job_id: j.spec for j in snapshot.jobs} if pauses and self.true_costs else {}
@@ -91,17 +95,21 @@ class ForecastSource:
             self.sensitivity.forget(job)
             self._mixed.discard(job)
 
-    LEARN_CHECK_AT = 3      # measurements of a job and direction after which its estimate is checked
+    LEARN_CHECK_AT = 3      # measurements of a job and kind after which its estimate is checked
 
     def _check(self, p: PauseSample, spec: JobSpec) -> None:
         """Where the truth is known (replay): how far the estimate is from it once the job has
-        measured ``LEARN_CHECK_AT`` pauses in that direction."""
+        measured ``LEARN_CHECK_AT`` pauses of that kind (a start or shrink: the kinds whose truth
+        is one number; an elastic grow's depends on the sizes)."""
         truth = self.true_costs.get(p.job_id)
-        if truth is None or len(self.learner.measured(p.job_id, p.direction)) != self.LEARN_CHECK_AT:
+        kind = p.kind if self.learner.elastic(p.job_id) else \
+            PauseKind.START if p.direction is Direction.UP else PauseKind.SHRINK
+        if (truth is None or kind not in (PauseKind.START, PauseKind.SHRINK)
+                or len(self.learner.measured(p.job_id, kind)) != self.LEARN_CHECK_AT):
             return
         cost = self.learner.cost(p.job_id, spec.rescale_up_s, spec.rescale_down_s)
-        want = truth.up_s if p.direction is Direction.UP else truth.down_s
-        got = cost.up_s if p.direction is Direction.UP else cost.down_s
+        want = truth.up_s if kind is PauseKind.START else truth.down_s
+        got = cost.up_s if kind is PauseKind.START else cost.down_s
         if want > 0:
             self.learn_errors.append(abs(got - want) / want)
 

@@ -27,11 +27,13 @@ useful work over the next ``H`` seconds, in the objective's unit::
 * ``p(c→n)``: the rescale pause of the change, at the new size's rate: ``up_j``
   for a start or a grow, ``down_j`` for a shrink, 0 for no change.  The pauses
   are the learned ones (:mod:`malletrain.jpa.rescale`), or the job's configured
-  ones before any measurement.
+  ones before any measurement.  An elastic group (issue #26) pays its own grow
+  pause for a grow (the survivors re-form while the joiners start), not a start's.
 * ``D(A) = 1 − Π_{i∈A} (1 − leave_i)``: the chance that the primary scheduler
   takes back some node of ``A`` within ``H`` (nodes taken independently), which
-  pauses the job for ``d_j = down_j`` (it checkpoints and restarts on the nodes
-  left).  One pause, not one per node: nodes go back in bursts (a primary job
+  pauses the job for ``d_j``: ``down_j`` for a job that checkpoints and restarts
+  on the nodes left, an elastic group's learned preemption pause (its members
+  re-form).  One pause, not one per node: nodes go back in bursts (a primary job
   takes several at once), and after the first the job is sized afresh.
 * A job found to slow down on slow nodes (exponent ``s``, :mod:`malletrain.jpa.sensitivity`)
   runs ``T_j`` times ``slowdown^(−s)`` of the slowest node it would get (its own, or the
@@ -245,21 +247,22 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
     c = job.size
     h = horizon_s
     out = [Option(0, 0.0)]
+    up = cost.up_s if c == 0 else cost.grow_pause_s
     if not stays:
         for n in sorted(set(sizes)):
             if n > 0:
-                pause = cost.up_s if n > c else cost.down_s if n < c else 0.0
+                pause = up if n > c else cost.down_s if n < c else 0.0
                 out.append(Option(n, weight * rate(n) * (h - pause)))
         return tuple(out)
     own = _prefix(_longest_first(map(stays.get, job.nodes, repeat(STAYING)))) if c else [(0.0, 0.0)]
     own_f, own_log = own[c]
     sums = free.sums if free is not None else None
     last = len(sums) - 1 if sums is not None else 0
-    down = cost.down_s
+    down, taken = cost.down_s, cost.taken_pause_s
     for n in sorted(set(sizes)):
         if n <= 0:
             continue
-        pause = cost.up_s if n > c else down if n < c else 0.0
+        pause = up if n > c else down if n < c else 0.0
         t = rate(n)
         if n <= c:
             count, log_stay = own[n]
@@ -274,7 +277,7 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
             count, log_stay = own_f + fk, own_log + lk
         work = h * (rate(count) if count < n - 1e-9 else t)
         preempted = 1.0 - math.exp(log_stay)       # P(some node of A is taken back within H)
-        out.append(Option(n, weight * (work - t * (pause + down * preempted))))
+        out.append(Option(n, weight * (work - t * (pause + taken * preempted))))
     return tuple(out)
 
 

@@ -479,7 +479,8 @@ class Daemon:
                 cost = (self.forecast.learner.cost(jid, tag.rescale_up_s, tag.rescale_down_s)
                         if core.learn_rescale and core.policy in FORECAST_POLICIES else None)
                 rescale = (Rescale(cost.up_s, cost.down_s, cost.up_n, cost.down_n, tag.rescale_up_s,
-                                   tag.rescale_down_s) if cost is not None else
+                                   tag.rescale_down_s, cost.grow_s, cost.grow_n, cost.preemption_s,
+                                   cost.preemption_n, cost.loss_s, cost.loss_n) if cost is not None else
                            Rescale(tag.rescale_up_s, tag.rescale_down_s, 0, 0, tag.rescale_up_s, tag.rescale_down_s))
             jobs.append(JobStatus(
                 job=jid, name=tag.name if tag else r.name, user=r.user, state=r.phase.value, slurm_state=r.state,

@@ -53,7 +53,7 @@ from typing import Protocol
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.files import Hanging, PathWorkers, Refused, TimedOut, open_as_owner
-from malletrain.domain.model import MAX_PAUSE_S, MAX_PROMISE, MIN_PROMISE, Direction, PauseSample, Sample
+from malletrain.domain.model import MAX_PAUSE_S, MAX_PROMISE, MIN_PROMISE, Direction, PauseKind, PauseSample, Sample
 
 log = logging.getLogger("malletrain.progress")
 
@@ -484,25 +484,41 @@ class ProgressSource:
         return out
 
     def _measure_reforms(self, job: str, facts: JobFacts, st: TailState) -> None:
-        """An elastic group's planned changes (issue #26): a shrink costs the survivors' pause; a
-        grow costs theirs plus the joiners' start (from the daemon's release to the re-forming),
-        during which the joiners' share of the new size did no work, as one pause at the new
-        size, the way the replay charges it (replay/sim.py).  Losses, joins seen by a joiner
-        and mixed changes are not decisions the daemon makes: not measured.  Bounded like every
+        """An elastic group's changes (issue #26), each measured as its kind
+        (:class:`~malletrain.domain.model.PauseKind`):
+
+        * the daemon's shrink: the survivors' pause of the first ``shrink`` at or after its hold
+          while the group was still above the size it was shrunk to (once per change);
+        * a ``shrink`` the daemon did not order (before its hold, or with the group already at or
+          below that size): a node taken back, a *preemption* (mostly Slurm's; an owner's cancel
+          of one member looks the same);
+        * the daemon's grow: the survivors' pause plus the joiners' start (from the daemon's
+          release to the re-forming), during which the joiners' share of the new size did no
+          work, as one pause at the new size, the way the replay charges it (replay/sim.py);
+        * a ``loss``: a member gone unannounced, the survivors' pause (mostly the time to notice).
+
+        Joins seen by a joiner and mixed changes are not measured.  Bounded like every
         measurement: within ``max_pause_s`` and no later than the read."""
         reforms, st.new_reforms = st.new_reforms, []
         ch = facts.change
         for kind, pause_s, t, nodes, before in reforms:
-            if (kind == "shrink" and ch is not None and ch.direction is Direction.DOWN
-                    and st.measured != ch.hold_s and t >= ch.hold_s):          # the daemon's shrink, once
-                st.measured = ch.hold_s
-                self._pauses.append(PauseSample(job, Direction.DOWN, min(pause_s, self.max_pause_s), self._now))
+            if kind == "shrink":
+                ours = (ch.hold_s if ch is not None and ch.direction is Direction.DOWN and t >= ch.hold_s
+                        and (not before or before > ch.nodes) else None)     # the daemon's: when it held
+                if ours is not None and st.measured == ours:
+                    continue                            # the same shrink, in two steps: measured once
+                if ours is not None:
+                    st.measured = ours
+                self._pauses.append(PauseSample(job, PauseKind.PREEMPTION if ours is None else PauseKind.SHRINK,
+                                                min(pause_s, self.max_pause_s), self._now))
+            elif kind == "loss":
+                self._pauses.append(PauseSample(job, PauseKind.LOSS, min(pause_s, self.max_pause_s), self._now))
             elif (kind == "grow" and ch is not None and ch.direction is Direction.UP and nodes >= 1
                   and st.measured != ch.hold_s and t >= ch.release_s):      # once per change
                 st.measured = ch.hold_s
                 start = min(max(0.0, min(t, self._now) - ch.release_s), self.max_pause_s)
                 share = max(1, nodes - before) / nodes if before else 1.0
-                self._pauses.append(PauseSample(job, Direction.UP, min(self.max_pause_s, pause_s + start * share),
+                self._pauses.append(PauseSample(job, PauseKind.GROW, min(self.max_pause_s, pause_s + start * share),
                                                 self._now))
 
     def _measure(self, job: str, facts: JobFacts, st: TailState) -> None:
@@ -517,7 +533,7 @@ class ProgressSource:
                 st.measured = ch.hold_s          # one measurement per change, whatever comes of it
                 if high < low or high > self.max_pause_s:
                     return     # read too late to tell the pause from the wait (a restart, a slow read)
-                self._pauses.append(PauseSample(job, ch.direction, min(high, max(low, t - ch.hold_s)),
+                self._pauses.append(PauseSample(job, ch.kind, min(high, max(low, t - ch.hold_s)),
                                                 self._now))
                 return
 

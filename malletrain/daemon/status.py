@@ -32,7 +32,9 @@ class Measured:
 @dataclass(frozen=True)
 class Rescale:
     """The rescale pauses the decisions charge a job: learned (``up_n``/``down_n`` measurements)
-    or, before any, its configured ones."""
+    or, before any, its configured ones.  An elastic group's kinds that a restart does not have
+    (issue #26): its grow and preemption pauses, and its loss pause (shown, not charged); None
+    for a job that restarts on every change."""
 
     up_s: float
     down_s: float
@@ -40,6 +42,12 @@ class Rescale:
     down_n: int
     configured_up_s: float
     configured_down_s: float
+    grow_s: float | None = None
+    grow_n: int = 0
+    preemption_s: float | None = None
+    preemption_n: int = 0
+    loss_s: float | None = None
+    loss_n: int = 0
 
 
 @dataclass(frozen=True)

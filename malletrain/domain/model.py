@@ -148,32 +148,82 @@ class Direction(enum.Enum):
     DOWN = "down"
 
 
+class PauseKind(enum.Enum):
+    """What a measured pause came from (issue #26).  ``start``, ``grow`` and ``shrink`` are
+    changes the daemon made; ``preemption`` is a node taken from a running job by someone else
+    (Slurm, for a primary job, mostly): its member was signalled and left at a step boundary;
+    ``loss`` is a member that vanished unannounced (``kill -9``, a dead node), found by a timeout.
+
+    A job that restarts on every change pays one restart whatever the kind: its starts and grows
+    are one pause (``up``), its shrinks and preemptions another (``down``).  Only an elastic group,
+    which re-forms in place, pays each kind its own price (:mod:`malletrain.jpa.rescale`)."""
+
+    START = "start"
+    GROW = "grow"
+    SHRINK = "shrink"
+    PREEMPTION = "preemption"
+    LOSS = "loss"
+
+    @property
+    def direction(self) -> Direction:
+        return Direction.UP if self in (PauseKind.START, PauseKind.GROW) else Direction.DOWN
+
+
 @dataclass(frozen=True)
 class PauseSample:
-    """One measured rescale pause: from the moment a job was told to change size to its
-    first step at the new size (the job's restart included)."""
+    """One measured pause: from the moment a job was told to change size (or lost a node) to
+    its first step at the new size (a restart included, where the job restarts)."""
 
     job_id: str
-    direction: Direction
+    kind: PauseKind
     pause_s: float
     t_s: float
+
+    @property
+    def direction(self) -> Direction:
+        return self.kind.direction
 
 
 @dataclass(frozen=True)
 class RescaleCost:
-    """The rescale pauses ``decide`` charges a job: learned once measured, the
-    configured (user's) guess before; ``up_n``/``down_n`` measurements behind each."""
+    """The pauses ``decide`` charges a job: learned once measured, the configured (user's) guess
+    before; ``up_n``/``down_n`` measurements behind each.
+
+    ``up_s`` is a start's pause and ``down_s`` a shrink's.  A job that restarts on every change
+    pays them for a grow and for a node taken back too.  An elastic group (issue #26) has its
+    own ``grow_s`` and ``preemption_s`` (None: as the restart), and its ``loss_s`` (a member lost
+    unannounced), which is shown but not charged: the core forecasts no failures."""
 
     up_s: float
     down_s: float
     up_n: int = 0
     down_n: int = 0
+    grow_s: float | None = None
+    preemption_s: float | None = None
+    loss_s: float | None = None
+    grow_n: int = 0
+    preemption_n: int = 0
+    loss_n: int = 0
+
+    @property
+    def grow_pause_s(self) -> float:
+        """What growing a running job costs."""
+        return self.up_s if self.grow_s is None else self.grow_s
+
+    @property
+    def taken_pause_s(self) -> float:
+        """What a node taken back (a preemption that leaves the job running) costs."""
+        return self.down_s if self.preemption_s is None else self.preemption_s
 
     @property
     def source(self) -> str:
-        if not (self.up_n or self.down_n):
+        counts = (self.up_n, self.down_n, self.grow_n, self.preemption_n, self.loss_n)
+        if not any(counts):
             return "configured"
-        return f"learned ({self.up_n} up, {self.down_n} down)"
+        if self.grow_s is None:
+            return f"learned ({self.up_n} up, {self.down_n} down)"
+        return (f"learned in place ({self.up_n} start, {self.grow_n} grow, {self.down_n} shrink, "
+                f"{self.preemption_n} preemption, {self.loss_n} loss)")
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ Semantics (issue #2 / DESIGN.md):
 * a job completes when its ``work`` is done, or ends early when a campaign's pruner stops it
   (:meth:`SimCluster.end`: its nodes free at once);
 * every pause (start, grow, shrink, preemption) is measured by the job and
-  reported once it is over (:meth:`SimCluster.pauses`), with the same relative
-  noise as its throughput samples: the rescale-cost learner's input.
+  reported with its kind once it is over (:meth:`SimCluster.pauses`), with the
+  same relative noise as its throughput samples: the rescale-cost learner's
+  input (an elastic job's move, a shrink and a grow at once, is not reported:
+  the daemon does not measure a mixed change either).
 * elastic jobs (issue #26; ``elastic=(grow_s, shrink_s)``): a shrink or a preemption that leaves a
   job running pauses it ``shrink_s`` (its members re-form in place); a grow pauses the survivors
   ``grow_s`` and the new nodes do no work for the joiners' ``rescale_up_s`` (they start their
@@ -36,10 +38,10 @@ from malletrain.domain.model import (
     DEFAULT_NODE_TYPE,
     Action,
     ActionKind,
-    Direction,
     JobSpec,
     JobState,
     Node,
+    PauseKind,
     PauseSample,
     Sample,
     Snapshot,
@@ -216,7 +218,7 @@ class SimCluster:
             self.counters.lost_samples += down * old_rate
             if len(job.nodes) >= job.spec.min_nodes:
                 job.paused_until = max(job.paused_until, self.now + down)
-                self._pause(jid, Direction.DOWN, down)
+                self._pause(jid, PauseKind.PREEMPTION, down)
             else:
                 self._release(job)
             job.rate = self._rate(job)
@@ -246,10 +248,10 @@ class SimCluster:
             return shrink_s + grow_s + job.true_up_s * added / max(1, len(job.nodes))
         return shrink_s
 
-    def _pause(self, jid: str, direction: Direction, pause_s: float) -> None:
+    def _pause(self, jid: str, kind: PauseKind, pause_s: float) -> None:
         """The job will measure this pause once it is over."""
         x = pause_s * (1.0 + self.noise * self.pause_rng.gauss(0.0, 1.0)) if self.noise and pause_s > 0 else pause_s
-        self._pauses.append((self.now + pause_s, PauseSample(jid, direction, max(0.0, x), self.now + pause_s)))
+        self._pauses.append((self.now + pause_s, PauseSample(jid, kind, max(0.0, x), self.now + pause_s)))
 
     def report_samples(self) -> None:
         """Every running, unpaused job reports its current throughput."""
@@ -279,7 +281,8 @@ class SimCluster:
     def observe(self) -> Observation:
         jobs = tuple(JobState(j.spec, tuple(j.nodes), DEFAULT_NODE_TYPE if j.nodes else None,
                               j.paused_until, j.last_change) for j in self.jobs.values())
-        facts = {jid: JobFacts(j.spec.profile) for jid, j in self.jobs.items()}
+        elastic = self.elastic is not None       # every job re-forms in place, its pauses learned per kind
+        facts = {jid: JobFacts(j.spec.profile, elastic=elastic) for jid, j in self.jobs.items()}
         if self._pool_nodes is None:    # the same tuple while the pool is the same: the core's caches key on it
             self._pool_nodes = tuple(self.pool.values())
         obs = Observation(Snapshot(self.now, self._pool_nodes, jobs),
@@ -344,4 +347,6 @@ class SimCluster:
                 job.rescales += 1
             self.counters.pause_samples += pause * old_rate
             job.paused_until = max(job.paused_until, self.now + pause)
-            self._pause(a.job_id, Direction.UP if up else Direction.DOWN, pause)
+            if self.elastic and old and len(job.nodes) == old:
+                continue        # a move re-forms as a mixed change, which the daemon does not measure either
+            self._pause(a.job_id, (PauseKind.GROW if old else PauseKind.START) if up else PauseKind.SHRINK, pause)
