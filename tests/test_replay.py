@@ -242,3 +242,41 @@ def test_the_sim_reports_each_pause_with_its_kind_and_an_elastic_replay_learns_t
     kinds, cost = run(None)           # restarts: the same kinds measured, learned as up and down
     assert kinds == [PauseKind.START, PauseKind.GROW, PauseKind.SHRINK, PauseKind.SHRINK, PauseKind.PREEMPTION]
     assert cost.grow_s is None and (cost.up_n, cost.down_n) == (2, 3)
+
+
+def test_a_sacct_export_leaves_out_the_harvest_partitions_jobs_and_folds_a_groups_members(tmp_path, capsys):
+    """Issue #26: a site's sacct history holds malletrain's own jobs too.  They ran on nodes the
+    primary scheduler had left idle, so with --harvest-partition they are not busy time; an
+    elastic group's members (one array task per node, and its held ones merged in one pending
+    line) count as the one job they are, and a node only malletrain ran on is in the trace, idle."""
+    from malletrain.cli.main import main
+    from malletrain.domain.timeutil import iso
+
+    def at(t):
+        return iso(T0 + t)[:-1]
+    rows = ["JobID|Start|End|NodeList|State|Partition",
+            f"0|{at(0)}|{at(1)}|n[1-4]|COMPLETED|batch",
+            f"1|{at(100)}|{at(400)}|n[1-2]|COMPLETED|batch",
+            f"1.batch|{at(100)}|{at(400)}|n1|COMPLETED|",
+            f"7_0|{at(200)}|{at(600)}|n3|REQUEUED|scavenger",       # a group's members, one node each
+            f"7_1|{at(200)}|{at(900)}|n4|COMPLETED|scavenger",
+            f"7_2|{at(300)}|{at(900)}|n5|COMPLETED|scavenger",      # a node only the harvest used
+            "7_[3-5]|Unknown|Unknown|None assigned|PENDING|scavenger",
+            f"8|{at(500)}|{at(700)}|n3|COMPLETED|scavenger",        # a plain malleable job
+            f"9|{at(950)}|{at(990)}|n1|COMPLETED|batch"]
+    (tmp_path / "t.sacct").write_text("\n".join(rows) + "\n")
+    whole = load_trace(str(tmp_path / "t.sacct"), start=T0 + 1, end=T0 + 1000)
+    primary = load_trace(str(tmp_path / "t.sacct"), start=T0 + 1, end=T0 + 1000, harvest_partitions=("scavenger",))
+    assert primary.harvest_jobs == 2 and primary.harvest_members == 3 and whole.harvest_jobs == 0
+    assert sorted(primary.nodes) == sorted(whole.nodes) == ["n1", "n2", "n3", "n4", "n5"]
+    busy_primary = 300 * 2 + 40
+    assert idle_node_seconds(primary) == pytest.approx(5 * 999 - busy_primary)
+    assert idle_node_seconds(whole) == pytest.approx(5 * 999 - busy_primary - (400 + 700 + 600 + 200 - 100))
+    out = tmp_path / "out"
+    wl = tmp_path / "w.yaml"
+    wl.write_text("jobs:\n- {name: a, submit: 0, min_nodes: 1, max_nodes: 2, work: 1000000,\n"
+                  "   throughput: {1: 10, 2: 18}}\n")
+    code = main(["replay", "--trace", str(tmp_path / "t.sacct"), "--workload", str(wl), "--out", str(out),
+                 "--harvest-partition", "scavenger", "--no-plots"])
+    assert code == 0
+    assert "left out 2 job(s) of the harvest partition(s) scavenger (3 of their allocations" in capsys.readouterr().err

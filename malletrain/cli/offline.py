@@ -70,6 +70,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="at most K admitted jobs at once (FIFO by submit time)")
     r.add_argument("--procs-per-node", type=positive(int, MAX_NODES), default=1, metavar="P",
                    help="SWF: processors per node (default 1)")
+    r.add_argument("--harvest-partition", action="append", default=[], metavar="NAME", type=_partition,
+                   help="sacct export (with a Partition column): the partition malletrain harvested in; "
+                        "its jobs, elastic groups' members included, ran on idle nodes and are left out "
+                        "of the busy time (repeatable)")
     r.add_argument("--seed", type=int, default=0, help="seed for sample noise (default 0)")
     r.add_argument("--noise", type=NOISE, default=0.0, metavar="F",
                    help="relative noise of reported throughput samples, e.g. 0.05")
@@ -325,7 +329,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from malletrain.domain.nodes import load_node_info
         node_info = load_node_info(args.node_info)
     trace = load_trace(args.trace, args.format, procs_per_node=args.procs_per_node,
-                       nodes=args.nodes, start=args.start, end=args.end)
+                       nodes=args.nodes, start=args.start, end=args.end,
+                       harvest_partitions=tuple(args.harvest_partition))
+    if args.harvest_partition and not args.quiet:
+        print(f"left out {trace.harvest_jobs} job(s) of the harvest partition(s) "
+              f"{', '.join(args.harvest_partition)} ({trace.harvest_members} of their allocations were "
+              f"elastic group members, counted as their group's one job)", file=sys.stderr)
     opts = ReplayOptions(core=core, interval_s=args.interval, max_jobs=args.max_jobs,
                          seed=args.seed, noise=args.noise, quiet=args.quiet, rescale_guess=args.rescale_guess,
                          window_oracle=args.window_oracle, planned_lead_s=args.planned_lead,
@@ -356,6 +365,13 @@ def _pause_pair(text: str, expected: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {clipped(text)}")
     conv = bounded(float, 0, MAX_PAUSE_S)
     return conv(parts[0]), conv(parts[1])
+
+
+def _partition(text: str) -> str:
+    """A Slurm partition name as sacct prints it (printable, no '|' or ',', at most 64 characters)."""
+    if not text or len(text) > 64 or not text.isprintable() or any(c in text for c in "|, "):
+        raise argparse.ArgumentTypeError(f"not a partition name: {text[:64]!r}")
+    return text
 
 
 def _pauses(text: str) -> tuple[float, float]:

@@ -43,6 +43,10 @@ class NodeTrace:
     busy: np.ndarray           # bool: new state is busy
     skipped_jobs: int = 0      # SWF/sacct jobs without usable times or nodes
     path: str | None = None    # the file it came from (for error messages)
+    # sacct: jobs of the harvest partition left out (their nodes were idle to the primary
+    # scheduler); an elastic group's members (array tasks) count as their one job
+    harvest_jobs: int = 0
+    harvest_members: int = 0   # of their allocations, the array tasks that ran (group members)
 
     @property
     def n_events(self) -> int:
@@ -113,16 +117,21 @@ def detect_format(path: str) -> str:
 
 def load_trace(path: str, fmt: str = "auto", *, procs_per_node: int = 1,
                nodes: int | None = None, start: float | None = None,
-               end: float | None = None) -> NodeTrace:
+               end: float | None = None, harvest_partitions: tuple[str, ...] = ()) -> NodeTrace:
+    """``harvest_partitions`` (sacct exports only): the partitions malletrain harvested in; their
+    jobs are left out (see :func:`_load_sacct`)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
     fmt = detect_format(path) if fmt == "auto" else fmt
+    if harvest_partitions and fmt != "sacct":
+        raise InputError(f"a harvest partition can be left out of a sacct export only, not of a {fmt} trace",
+                         path=path)
     if fmt == "events":
         trace = _load_events(path)
     elif fmt == "swf":
         trace = _load_swf(path, procs_per_node, nodes)
     else:
-        trace = _load_sacct(path)
+        trace = _load_sacct(path, frozenset(harvest_partitions))
     return replace(restrict(trace, nodes=nodes, start=start, end=end, path=path), path=path)
 
 
@@ -147,8 +156,8 @@ def restrict(trace: NodeTrace, *, nodes: int | None = None, start: float | None 
             init[i] = b
         t, idx, busy = t[~before], idx[~before], busy[~before]
     inside = t < s1
-    return NodeTrace(list(names), s0, s1, init, t[inside], idx[inside], busy[inside],
-                     trace.skipped_jobs)
+    return replace(trace, nodes=list(names), start_s=s0, end_s=s1, initial_busy=init, times=t[inside],
+                   node_idx=idx[inside], busy=busy[inside])
 
 
 # -- node-event CSV -------------------------------------------------------
@@ -322,16 +331,32 @@ def _assign_first_fit(starts, ends, sizes, cluster: int | None, skipped: int,
 SACCT_FIELDS = ("JobID", "Start", "End", "NodeList", "State")
 
 
-def _load_sacct(path: str) -> NodeTrace:
+# sacct's JobID of one array task, ARRAY_TASK, or of its pending tasks merged, ARRAY_[3-5]
+_ARRAY_TASK = re.compile(r"(\d+)_(?:\d+|\[[0-9,\-%]*\])")
+
+
+def _load_sacct(path: str, harvest: frozenset[str] = frozenset()) -> NodeTrace:
+    """Busy intervals per node from the export's allocations (job steps are left out).
+
+    ``harvest``: the partitions malletrain harvested in (needs a ``Partition`` column).  Their
+    jobs ran on nodes the primary scheduler had left idle, so they are not busy time: they are
+    left out and counted (:attr:`NodeTrace.harvest_jobs`).  An elastic group (issue #26) shows as
+    one allocation per member, each an array task ``ARRAY_TASK`` on one node; its members count
+    as the one job they are."""
     intervals: list[tuple[float, float, list[str]]] = []
     skipped = 0
+    harvest_ids: set[str] = set()
+    harvested: list[tuple[int, str]] = []     # (line, node list) of the harvest partition's jobs
+    members = 0
     with _reading(path) as fh:
         header = fh.readline().strip().split("|")
-        missing = [k for k in SACCT_FIELDS if k not in header]
+        missing = [k for k in (*SACCT_FIELDS, *(("Partition",) if harvest else ())) if k not in header]
         if missing:
             raise InputError(f"sacct header lacks {', '.join(missing)} (need "
-                             f"--format {','.join(SACCT_FIELDS)} --parsable2)", path=path, line=1)
+                             f"--format {','.join(SACCT_FIELDS)}{',Partition' if harvest else ''} --parsable2)",
+                             path=path, line=1, field=missing[0])
         col = {k: header.index(k) for k in SACCT_FIELDS}
+        part = header.index("Partition") if harvest else -1
         rows = []
         for lineno, line in enumerate(fh, start=2):
             if not line.strip():
@@ -340,8 +365,16 @@ def _load_sacct(path: str) -> NodeTrace:
             if len(f) < len(header):
                 raise InputError(f"expected {len(header)} '|'-separated fields, got {len(f)}",
                                  path=path, line=lineno)
-            if "." in f[col["JobID"]]:
+            jid = f[col["JobID"]]
+            if "." in jid:
                 continue  # a job step; allocations only
+            if part >= 0 and f[part].strip() in harvest:
+                task = _ARRAY_TASK.fullmatch(jid.strip())
+                members += task is not None and f[col["Start"]].strip() not in ("Unknown", "None", "")
+                if len(harvest_ids) < MAX_NODES:
+                    harvest_ids.add(task.group(1) if task else jid.strip())
+                harvested.append((lineno, f[col["NodeList"]].strip()))
+                continue  # malletrain's own: its nodes were idle to the primary scheduler
             rows.append((lineno, f))
     t_max = -math.inf
     for lineno, f in rows:
@@ -370,13 +403,26 @@ def _load_sacct(path: str) -> NodeTrace:
                              field="NodeList") from None
         intervals.append((t0, t1, names))
     if not intervals:
-        raise InputError("no job with a start time and a node list", path=path)
+        raise InputError("no job with a start time and a node list" +
+                         (f" outside the harvest partition(s) {', '.join(sorted(harvest))}" if harvest else ""),
+                         path=path)
     index: dict[str, int] = {}
     per_node: dict[int, list[tuple[float, float]]] = {}
     for t0, t1, names in sorted(intervals, key=lambda x: x[0]):
         for nm in names:
             i = index.setdefault(nm, len(index))
             per_node.setdefault(i, []).append((t0, t1))
+    for lineno, nl in harvested:      # nodes only malletrain ran on: in the trace, idle throughout
+        if nl in ("", "None", "None assigned", "(null)"):
+            continue
+        try:
+            for nm in hostlist.expand_hostlist(nl):
+                if len(index) >= MAX_NODES:
+                    raise InputError(f"more than {MAX_NODES} nodes", path=path, line=lineno, field="NodeList")
+                index.setdefault(nm, len(index))
+        except hostlist.BadHostlist as exc:
+            raise InputError(f"bad hostlist {clipped(nl)}: {exc}", path=path, line=lineno,
+                             field="NodeList") from None
     start = min(iv[0] for iv in intervals)
     init = np.zeros(len(index), dtype=bool)
     t_out, i_out, b_out = [], [], []
@@ -400,4 +446,5 @@ def _load_sacct(path: str) -> NodeTrace:
     t = np.array(t_out)
     o = np.lexsort((np.array(b_out), t))   # idle before busy at one instant
     return NodeTrace(list(index), start, float(t.max()) + 1.0, init, t[o],
-                     np.array(i_out, dtype=np.int32)[o], np.array(b_out, dtype=bool)[o], skipped)
+                     np.array(i_out, dtype=np.int32)[o], np.array(b_out, dtype=bool)[o], skipped,
+                     harvest_jobs=len(harvest_ids), harvest_members=members)
