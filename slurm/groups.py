@@ -23,16 +23,16 @@ ended                       not listed: a member's work ended ``done``, or it fa
 ==========================  ================================================================
 
 The group's own state: RUNNING if any member runs, else COMPLETING while one leaves, else
-PENDING while one is launching, else held.  Pure: no I/O; imports ``slurm.parse`` only.
+PENDING while one is launching, else held.  Pure: no I/O; imports ``slurm.parse`` and the domain only.
 """
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import replace
 
+from malletrain.domain.model import MAX_MEMBERS
 from malletrain.slurm.parse import JobRecord, Phase, all_held, array_tasks
 
-MAX_MEMBERS = 4096      # tasks of one array the daemon looks at (a tag's max nodes is far lower)
 CHOSEN_ENDS = frozenset({"CANCELLED", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})   # someone chose this end
 
 

@@ -16,7 +16,7 @@ import pytest
 from malletrain.campaign import slots
 from malletrain.campaign.spec import load_spec
 from malletrain.campaign.study import open_study
-from malletrain.campaign.trial import Reporter, run_trial
+from malletrain.campaign.trial import RESULT_WAIT_S, Reporter, run_trial
 from malletrain.domain.errors import InputError
 
 SPEC = """
@@ -95,7 +95,10 @@ def test_spec_study_fields_and_their_errors(tmp_path):
            ("sampler: random", "sampler: random\nstep_unit: batches", "per-rank batches"),
            ("sampler: random", "sampler: random\npruner: {kind: asha, reduction_factor: 1}", "reduction_factor"),
            ("sampler: random", "sampler: nsga2", "several objectives"),
-           ("sampler: random", "search: random\npruner: asha", "needs an Optuna study")]
+           ("sampler: random", "search: random\npruner: asha", "needs an Optuna study"),
+           ("seed: 7", "seed: 7\njob: {elastic: 'yes'}", "true or false"),
+           ("seed: 7", "seed: 7\njob: {elastic: true, launch: torchrun}", "one process per node"),
+           ("seed: 7", "seed: 7\njob: {elastic: true, max_nodes: 5000}", "at most 4096 members")]
     for old, new, needle in bad:
         (tmp_path / "b.yaml").write_text(SPEC.replace(old, new))
         with pytest.raises(InputError, match=needle):
@@ -410,6 +413,55 @@ def test_the_trial_wrapper_runs_the_command_closes_out_and_ticks(tmp_path):
     assert run("s002") == 0 and len(ticks) == 3 and study.trials()[2].state == "running"
 
 
+_MEMBER = textwrap.dedent("""
+    import os, sys
+    mode = open(os.environ["MODE_FILE"]).read().strip()
+    assert os.environ["SLURM_ARRAY_TASK_ID"].isdigit()
+    sys.exit({"ok": 0, "fail": 1, "leave": 3}[mode])      # the result is written by the test (rank 0)
+""")
+
+
+def test_an_elastic_groups_members_each_close_out_a_trial_once(tmp_path):
+    """Issue #26: every member of a trial's group runs the wrapper and closes out.  A member that
+    leaves changes nothing; one that ends 0 waits for the result rank 0 writes (then the trial is
+    complete, once); a failure counts against retries once per run of the group, however many
+    members report it."""
+    spec_text = (SPEC.replace("command: [python3, train.py]", f"command: [{sys.executable}, member.py]")
+                 + "job: {elastic: true, max_nodes: 3}\n")
+    (tmp_path / "member.py").write_text(_MEMBER)
+    spec = _spec(tmp_path, spec_text)
+    sb = Sbatch()
+    _tick(spec, sb)
+    mode = tmp_path / "mode"
+    ticks, naps = [], []
+
+    def run(slot, task, restart=0, result=None):
+        env = {**os.environ, "MODE_FILE": str(mode), "SLURM_ARRAY_TASK_ID": str(task), "SLURM_PROCID": "0",
+               "MALLETRAIN_RESTART": str(restart)}
+
+        def sleep(s):
+            naps.append(s)
+            if result is not None and len(naps) == 3:          # rank 0 writes it meanwhile
+                _finish(spec, slots.bind(spec, slot, open_study(spec)).number, result)
+        return run_trial(spec.dir, slot, open_study=open_study, ticker=lambda s, st: ticks.append(slot),
+                         env=env, sleep=sleep)
+    mode.write_text("leave")
+    assert run("s000", 1) == 3 and ticks == [] and naps == []        # left: the others train on
+    mode.write_text("ok")
+    assert run("s000", 2, result=0.7) == 0 and ticks == ["s000"]    # waited for rank 0's result
+    study = open_study(spec)
+    assert study.trials()[0].state == "complete" and 0 < len(naps) <= 3
+    assert run("s000", 0) == 0 and study.trials()[0].state == "complete"    # the rest: closed already
+    naps.clear()
+    assert run("s001", 0) == 0 and len(naps) == RESULT_WAIT_S / 0.5         # no result came: a failure
+    assert _ledger(spec)[1]["failures"] == 1
+    mode.write_text("fail")
+    assert run("s001", 1) == 1 and run("s001", 2) == 1                     # the same run: counted once
+    assert _ledger(spec)[1]["failures"] == 1 and study.trials()[1].state == "running"
+    assert run("s001", 0, restart=1) == 0                                   # the group's next run fails too
+    assert _ledger(spec)[1]["failures"] == 2 and study.trials()[1].state == "failed"
+
+
 _HOLD_LOCK = """
 import os, sys, time
 from malletrain.campaign import slots
@@ -503,3 +555,26 @@ def test_several_objectives_close_with_every_value_and_status_shows_the_pareto_f
     summary = format_study_status(spec, rows)[-1]
     assert "Pareto front (val_acc max, params min): trial" in summary, summary
     assert sorted(int(x) for x in summary.split(": ")[1].split("   ")[0].replace("trial ", "").split(", ")) == [0, 3, 4]
+
+
+def test_a_groups_queue_lines_are_its_one_job_to_the_campaign(monkeypatch):
+    """An elastic trial's queue lines are its members (``7_0``, ``7_1``) and its held ones merged
+    (``7_[2-3]``): to the campaign they are job 7, running on its running members' nodes, so a
+    group is never judged gone while a member is queued."""
+    from types import SimpleNamespace
+
+    from malletrain.cli import user
+    from malletrain.domain.config import Config
+    lines = ["7_0|RUNNING|1", "7_[2-3]|PENDING|1", "7_1|RUNNING|1", "8|PENDING|2", "9_[0-3]|PENDING|1",
+             "12|RUNNING|4", "13_5|RUNNING|1"]
+
+    class Runner:
+        def read(self, argv):
+            fields = argv[-1].count("|") + 1
+            return "\n".join("|".join(line.split("|")[:fields]) for line in lines) + "\n"
+    monkeypatch.setattr(user, "_runner", lambda cfg: Runner())
+    assert user._job_states(Config()) == {"7": ("running", 2), "8": ("pending", 2), "9": ("pending", 0),
+                                          "12": ("running", 4), "13": ("running", 1)}
+    _, _, list_queue = user._trial_submitter(SimpleNamespace(job={}, name="x"), Config(), "/m")
+    assert list_queue() == {"7", "8", "9", "12", "13"}
+    assert user.job_of("7_[2-3]") == user.job_of("7_2") == "7" and user.job_of("_7") == "_7"

@@ -76,6 +76,20 @@ def test_runtime_config_rejects_unknown_and_bad_values():
     cfg = RuntimeConfig.from_env({"MALLETRAIN_GRACE_S": "10", "MALLETRAIN_METRICS": "/m",
                                   "MALLETRAIN_CHECKPOINT_DIR": "/c"})
     assert (cfg.grace_s, cfg.deadline_s, cfg.metrics_path, cfg.checkpoint_dir) == (10.0, 5.0, "/m", "/c")
+    assert not cfg.elastic
+
+
+def test_a_member_of_an_elastic_group_runs_elastic_from_the_environment():
+    """The batch script exports MALLETRAIN_ELASTIC=1 in an elastic group's members (issue #26): a
+    script built on from_env runs elastic there and as before elsewhere; one that insists on not
+    running elastic in a member is told why, instead of training the trial once per node."""
+    env = {"MALLETRAIN_CHECKPOINT_DIR": "/c", "MALLETRAIN_ELASTIC": "1"}
+    assert RuntimeConfig.from_env(env).elastic
+    assert not RuntimeConfig.from_env({**env, "MALLETRAIN_ELASTIC": ""}).elastic     # not an array
+    with pytest.raises(ConfigError, match="member of an elastic group"):
+        RuntimeConfig.from_env(env, elastic=False)
+    with pytest.raises(ConfigError, match="consistency"):
+        RuntimeConfig.from_env(env, mode="throughput")
 
 
 # ---------------------------------------------------------------- signals

@@ -863,7 +863,12 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
     successors when they end: no other command of the user's runs until all 4 trials are closed.
     Every trial is one job for its whole life; the two near-zero learning rates lose to the
     others at a rung and are pruned when a better one reported there first (reported, not
-    asserted: which pair runs first is the grid sampler's seeded order)."""
+    asserted: which pair runs first is the grid sampler's seeded order).
+
+    The trial jobs are elastic groups (issue #26, ``job.elastic``): each a held array of 1-node
+    members, every member running the trial wrapper and the unchanged example script, which runs
+    elastic from its environment; the trial is closed out once whichever member ends first.  (The
+    NSGA-II test below runs a study campaign's trials as plain jobs.)"""
     import sys
     spec = tmp_path / "spec.yaml"
     spec.write_text(json.dumps({
@@ -872,8 +877,9 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
         "pruner": {"kind": "asha", "min_resource": 20, "reduction_factor": 3}, "step_unit": "steps",
         "space": {"lr": [0.1, 0.08, 0.00001, 0.00002]},
         "fixed": {"steps": 100, "eval_every": 20, "arch": "mlp", "width": 32, "depth": 1},
-        "job": {"min_nodes": 1, "max_nodes": 2, "grace_s": GRACE_S, "rescale_up_s": 5, "rescale_down_s": 3}}))
-    env = dict(clean.env, PYTHONPATH=os.path.dirname(os.path.dirname(EXAMPLE)) + "/..")
+        "job": {"min_nodes": 1, "max_nodes": 2, "grace_s": GRACE_S, "rescale_up_s": 5, "rescale_down_s": 3,
+                "elastic": True, "launch": "batch"}}))
+    env = dict(clean.env, PYTHONPATH=os.path.dirname(os.path.dirname(EXAMPLE)) + "/..", OMP_NUM_THREADS="1")
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "malletrain", "campaign", *args, str(spec)],
@@ -883,11 +889,14 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
     camp = tmp_path / "camp"
     ledger = lambda: json.loads((camp / "campaign.json").read_text())["slots"]      # noqa: E731
     assert [s["id"] for s in ledger()] == ["s000", "s001"] and all(s["job"] for s in ledger())
+    for s in ledger():                           # each trial job: a held array of two 1-node members
+        tasks = clean.sh("squeue", "-h", "-r", "-j", s["job"], "-o", "%K|%T|%D").split()
+        assert sorted(tasks) == ["0|PENDING|1", "1|PENDING|1"], tasks
     from malletrain.campaign.slots import thawed
     from malletrain.campaign.study import open_study
     study = open_study(thawed(str(camp)))
     assert study.trials() == []                  # nothing asked before a job starts
-    d = DaemonProc(tmp_path, clean).start()
+    d = DaemonProc(tmp_path, clean, extra={"slurm": {"elastic_groups": True}}).start()
     try:
         def closed():
             views = study.trials()
@@ -916,7 +925,12 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
     st = cli("status")
     assert st.returncode == 0 and "Optuna grid" in st.stdout, st.stderr
     assert f"best so far: trial {best.number}" in st.stdout, st.stdout
+    wait_until(lambda: not clean.sh("squeue", "-h", "-r", "-o", "%i", check=False).split(), 60,
+               "every trial's held members to be cancelled after its end")
     keep_figures("study-campaign-live.json", {
+        "elastic_groups": True,
+        "reforms": {s["job"]: [(r["kind"], len(r.get("members") or [])) for r in metrics_records(camp, s["job"])
+                               if r["event"] == "reform"] for s in slots_},
         "trials": {str(v.number): {"lr": v.params["lr"], "state": v.state, "last_step": v.last_step,
                                    "value": v.values[0] if v.values else v.last_value} for v in views},
         "pruned": sorted(v.number for v in views if v.state == "pruned"),

@@ -128,7 +128,8 @@ def _slot_ok(s: Any) -> bool:
     return (isinstance(s, dict) and isinstance(s.get("id"), str) and isinstance(s.get("token"), str)
             and (s.get("job") is None or isinstance(s.get("job"), str))
             and (s.get("trial") is None or type(s.get("trial")) is int)
-            and type(s.get("failures", 0)) is int and s.get("end") in (None, *ENDS))
+            and type(s.get("failures", 0)) is int and s.get("end") in (None, *ENDS)
+            and isinstance(s.get("counted", []), list))
 
 
 def save_ledger(directory: str, led: dict) -> None:
@@ -202,10 +203,16 @@ def read_values(spec: Spec, number: int) -> tuple[list[float] | None, bool]:
     return vals, bool(res.get("final"))
 
 
-def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool) -> str | None:
+MAX_COUNTED = 32        # the newest failure keys a slot keeps (close_out's ``once``)
+
+
+def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool, once: str | None = None) -> str | None:
     """After the trial's command exited ``rc`` (``stopped``: it checkpointed on a signal, the
     job runs again): the slot's end (``done``, ``pruned``, ``failed``), or None while the trial
-    goes on (stopped, or a failure within ``retries``: the job is started again)."""
+    goes on (stopped, or a failure within ``retries``: the job is started again).
+
+    ``once``: the failure's key (an elastic group's members: the run they failed in), counted
+    against ``retries`` once however many members report it."""
     with locked(spec.dir):
         led = load_ledger(spec.dir)
         slot = _slot(spec.dir, led, slot_id)
@@ -219,8 +226,10 @@ def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool) -> str
             if rc == 0 and final and values is not None:
                 study.complete(number, values)
                 end = "done"
-            else:
+            elif once is None or once not in slot.get("counted", []):
                 slot["failures"] = slot.get("failures", 0) + 1
+                if once is not None:
+                    slot["counted"] = [*slot.get("counted", [])[-(MAX_COUNTED - 1):], once]
                 if slot["failures"] > spec.retries:
                     study.failed(number)
                     end = "failed"

@@ -23,7 +23,10 @@ A spec (YAML)::
       momentum: [0.0, 0.9]
     fixed: {steps: 300}            # the same for every trial
     job: {min_nodes: 1, max_nodes: 4, gpus_per_node: 0, grace_s: 30, rescale_up_s: 30,
-          rescale_down_s: 20, time: null, launch: srun}
+          rescale_down_s: 20, time: null, launch: srun, elastic: false}
+                                   # elastic: every trial job is an elastic group (issue #26):
+                                   #   one 1-node member per node, rescaled in place; its
+                                   #   script runs the Runtime elastic (from_env does that)
 
 Relative paths in ``command`` and ``dir`` are relative to the spec file.
 
@@ -59,7 +62,7 @@ from typing import TypeGuard
 
 from malletrain.domain.config import read_yaml, reject_unknown
 from malletrain.domain.errors import InputError
-from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S, MAX_JOB_NODES, MAX_PAUSE_S
+from malletrain.domain.model import LAUNCHES, MAX_GPUS_PER_NODE, MAX_GRACE_S, MAX_JOB_NODES, MAX_MEMBERS, MAX_PAUSE_S
 from malletrain.domain.text import clipped
 from malletrain.domain.timeutil import is_slurm_time
 
@@ -73,7 +76,7 @@ MAX_CONCURRENT = 1000
 MAX_RETRIES = 100
 MAX_RESOURCE = 10**15
 JOB_KEYS = ("min_nodes", "max_nodes", "gpus_per_node", "grace_s", "rescale_up_s",
-            "rescale_down_s", "time", "launch", "profile")
+            "rescale_down_s", "time", "launch", "profile", "elastic")
 DISTS = ("uniform", "log_uniform", "int_uniform")
 MAX_TRIALS = 10_000         # a campaign of more trials is refused before anything is sampled
 MAX_BOUND = 1e15            # |lo|, |hi| of a distribution (beyond, floats lose all precision)
@@ -325,6 +328,14 @@ def _check_job(job: dict, path: str) -> None:
                          path=path, field="job.time")
     if not isinstance(job.get("profile", ""), str):
         raise InputError("must be a string", path=path, field="job.profile")
+    if not isinstance(job.get("elastic", False), bool):
+        raise InputError(f"must be true or false, got {clipped(job['elastic'])}", path=path, field="job.elastic")
+    if job.get("elastic") and job.get("launch") == "torchrun":
+        raise InputError("an elastic group runs one process per node (each member re-forms the group "
+                         "itself): use launch srun or batch", path=path, field="job.launch")
+    if job.get("elastic") and job.get("max_nodes", 4) > MAX_MEMBERS:
+        raise InputError(f"an elastic group has at most {MAX_MEMBERS} members (one per node)", path=path,
+                         field="job.max_nodes")
 
 
 def sample(spec: Spec) -> list[dict]:

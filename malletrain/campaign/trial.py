@@ -15,6 +15,17 @@ A trial job's command is ``malletrain campaign trial <dir> <slot>``; each proces
    is started again); a trial that ends queues the campaign's next trial jobs (``tick``), so the
    campaign goes on with no process of its owner's on the login node.
 
+**Elastic groups** (``job: {elastic: true}``, issue #26).  Every member of the trial's group is a
+job of its own (one array task per node) running this wrapper, and every member closes out:
+
+* all bind the same trial (the first asks, under the lock);
+* a member that leaves (exit 3, a signal) changes nothing: the others train on;
+* a member that ends 0 waits up to ``RESULT_WAIT_S`` for the final result (the member that is
+  rank 0 writes it as the others end): then the trial is complete, once; without one it is a
+  failure;
+* a failure counts against ``retries`` once per run of the group (its members' restart count),
+  however many members report it: a bug that fails every member is one failure, not one per node.
+
 A job whose trial is already closed when it starts (it was pruned or finished just as the job was
 preempted or rescaled) writes its exit record and exits 0 at once.  Exit records this module
 writes carry ``reason`` ``done``, ``pruned`` or ``failed``; the daemon takes all three as final
@@ -40,6 +51,7 @@ log = logging.getLogger("malletrain.campaign")
 ENV_DIR = "MALLETRAIN_TRIAL"
 ENV_NUMBER = "MALLETRAIN_TRIAL_NUMBER"
 EXIT_STOPPED = 3        # the runtime's "checkpointed on a signal, not finished" (the job runs again)
+RESULT_WAIT_S = 30.0    # an elastic group's member that ended 0: how long it waits for rank 0's result
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 
 
@@ -130,12 +142,14 @@ def exit_record(reason: str, env: Mapping[str, str] = os.environ) -> None:
 
 def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], object],
               ticker: Callable[[Spec, object], None], env: Mapping[str, str] = os.environ,
-              popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> int:
+              popen: Callable[..., subprocess.Popen] = subprocess.Popen,
+              sleep: Callable[[float], None] = time.sleep) -> int:
     """A trial job's process (see the module docstring); the exit status for the job."""
     spec = slots.thawed(directory)
     study = open_study(spec)
     bound = slots.bind(spec, slot_id, study)
-    first = env.get("SLURM_PROCID", "0") == "0"
+    member = bool(spec.job.get("elastic")) and env.get("SLURM_ARRAY_TASK_ID", "").isdigit()
+    first = member or env.get("SLURM_PROCID", "0") == "0"
     if bound.state != "running":
         log.info("trial %d is already closed (%s): nothing to run", bound.number, bound.state)
         if first:
@@ -150,7 +164,13 @@ def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], obje
     if not first:
         return rc
     stopped = rc == EXIT_STOPPED or rc > 128
-    end = slots.close_out(spec, slot_id, study, rc=rc, stopped=stopped)
+    once = None
+    if member:
+        if rc == 0:
+            _await_final(spec, bound.number, sleep)
+        restart = env.get("MALLETRAIN_RESTART", "0")
+        once = f"run {restart if restart.isdigit() and len(restart) < 7 else 0}"
+    end = slots.close_out(spec, slot_id, study, rc=rc, stopped=stopped, once=once)
     if end is None:
         return rc
     if end == "failed":
@@ -159,6 +179,15 @@ def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], obje
         exit_record("failed", env)
     _tick(ticker, spec, study)
     return 0
+
+
+def _await_final(spec: Spec, number: int, sleep: Callable[[float], None]) -> None:
+    """An elastic group's member that ended 0 before the member that is rank 0 wrote the final
+    result: wait for it (at most ``RESULT_WAIT_S``)."""
+    waited = 0.0
+    while not slots.read_values(spec, number)[1] and waited < RESULT_WAIT_S:
+        sleep(0.5)
+        waited += 0.5
 
 
 def _run(command: Sequence[str], env: Mapping[str, str], popen) -> int:

@@ -273,9 +273,26 @@ def _job_states(cfg: Config) -> dict[str, tuple[str, int]]:
         return states
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) == 3:
-            states[parts[0]] = (parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0)
+        if len(parts) != 3:
+            continue
+        jid, state, nodes = job_of(parts[0]), parts[1].lower(), int(parts[2]) if parts[2].isdigit() else 0
+        if jid == parts[0]:
+            states[jid] = (state, nodes)
+            continue
+        # an elastic group (issue #26): one line per member or merged pending members; the group
+        # runs on the nodes of its running members (one each), and is pending when none runs
+        was, held = states.get(jid, ("", 0))
+        if state == "running":
+            states[jid] = ("running", held + nodes if was == "running" else nodes)
+        elif was != "running":
+            states[jid] = (was or state, 0)
     return states
+
+
+def job_of(jid: str) -> str:
+    """The job a queue line's id belongs to: an array task's (``7_2``, ``7_[3-5]``) is its array's."""
+    base, sep, task = jid.partition("_")
+    return base if sep and base.isdigit() and task else jid
 
 
 def _trial_submitter(spec, cfg: Config, metrics_dir: str):
@@ -292,16 +309,18 @@ def _trial_submitter(spec, cfg: Config, metrics_dir: str):
             gpus_per_node=job.get("gpus_per_node", 0), profile=job.get("profile", profile_name(spec.name)),
             time_limit=job.get("time"), rescale_up_s=job.get("rescale_up_s", 30.0),
             rescale_down_s=job.get("rescale_down_s", 20.0), grace_s=job.get("grace_s", 30.0),
-            launch=job.get("launch", "srun"))
+            launch=job.get("launch", "srun"), elastic=bool(job.get("elastic", False)))
         say(f"{name}: job {jid}", file=sys.stderr)
         return jid
+
     def list_queue() -> set[str] | None:
         try:
-            return set(runner.read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i"]).split())
+            out = runner.read(["squeue", "-h", "-a", "-u", str(os.getuid()), "-o", "%i"])
         except Exception as exc:   # noqa: BLE001 - without the queue no job is judged gone
             say(f"malletrain: warning: cannot list the queue ({exc}); no trial job is judged gone",
                 file=sys.stderr)
             return None
+        return {job_of(jid) for jid in out.split()}      # an elastic group's tasks: its array's id
     return submit_one, (lambda token: find_token(runner, token, cfg.slurm.partition)), list_queue
 
 
@@ -356,7 +375,7 @@ def _study_campaign(args, spec, cfg: Config, metrics_dir: str) -> int:
 
 
 # what a trial job's environment holds that a job it submits must not inherit
-_JOB_ENV = ("MALLETRAIN_JOB", "MALLETRAIN_METRICS", "MALLETRAIN_RESTART", "MALLETRAIN_GRACE_S",
+_JOB_ENV = ("MALLETRAIN_JOB", "MALLETRAIN_METRICS", "MALLETRAIN_RESTART", "MALLETRAIN_GRACE_S", "MALLETRAIN_ELASTIC",
             "MALLETRAIN_TRIAL", "MALLETRAIN_TRIAL_NUMBER", "MASTER_ADDR", "MASTER_PORT")
 
 

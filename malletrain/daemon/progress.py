@@ -53,7 +53,16 @@ from typing import Protocol
 
 from malletrain.core.backend import JobFacts, Observation
 from malletrain.daemon.files import Hanging, PathWorkers, Refused, TimedOut, open_as_owner
-from malletrain.domain.model import MAX_PAUSE_S, MAX_PROMISE, MIN_PROMISE, Direction, PauseKind, PauseSample, Sample
+from malletrain.domain.model import (
+    MAX_MEMBERS,
+    MAX_PAUSE_S,
+    MAX_PROMISE,
+    MIN_PROMISE,
+    Direction,
+    PauseKind,
+    PauseSample,
+    Sample,
+)
 
 log = logging.getLogger("malletrain.progress")
 
@@ -61,7 +70,6 @@ EVENTS = ("start", "progress", "checkpoint", "metric", "exit", "reform")
 # an elastic group's re-formings (runtime/elastic.py): the survivors' pause of a planned change
 REFORM_KINDS = ("grow", "shrink", "change", "loss", "join")
 MAX_REFORMS_READ = 64      # re-forming records kept per file and poll (the rest are not measured)
-MAX_MEMBERS = 4096         # members named in one re-forming record (slurm/groups.py looks at as many)
 MAX_MEMBER_ID = 10**7      # a member id is an array task id
 FINAL_REASONS = ("done", "pruned", "failed")     # an exit record with one of these: the job is over
 _ACTIVE = ("RUNNING", "CONFIGURING")     # Slurm states of a job that is running now

@@ -23,6 +23,7 @@ MAX_PAUSE_S = 1e7              # a malleable job's rescale pauses (the daemon's 
 MAX_GPUS_PER_NODE = 1024
 MAX_GRACE_S = 1e7              # a job's preemption grace time
 LAUNCHES = ("srun", "batch", "torchrun")   # how a malleable job's batch script runs its command
+MAX_MEMBERS = 4096             # an elastic group's members (array tasks) anyone looks at (issue #26)
 
 
 def interpolate(counts: Sequence[int], values: Sequence[float], n: float) -> float:

@@ -89,10 +89,17 @@ class RuntimeConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs) -> RuntimeConfig:
         """Settings from keyword arguments, with environment variables filling the ones not
-        given: ``MALLETRAIN_METRICS`` and ``MALLETRAIN_GRACE_S`` (the sbatch template exports
-        them), ``MALLETRAIN_CHECKPOINT_DIR`` and ``MALLETRAIN_COLLECTIVE_TIMEOUT_S``."""
+        given: ``MALLETRAIN_METRICS``, ``MALLETRAIN_GRACE_S`` and ``MALLETRAIN_ELASTIC`` (the
+        sbatch template exports them: ``1`` in an elastic group's member, which must run
+        ``elastic``), ``MALLETRAIN_CHECKPOINT_DIR`` and ``MALLETRAIN_COLLECTIVE_TIMEOUT_S``."""
         env = os.environ if env is None else env
         reject_unknown(kwargs, sorted(f.name for f in fields(cls)), None, what="runtime setting")
+        if env.get("MALLETRAIN_ELASTIC") == "1":
+            if kwargs.get("elastic") is False:
+                raise ConfigError("this process is a member of an elastic group (submit --elastic, or a "
+                                  "campaign's job.elastic): it must run elastic, one process per node",
+                                  field="elastic")
+            kwargs["elastic"] = True
         if "metrics_path" not in kwargs and env.get("MALLETRAIN_METRICS"):
             kwargs["metrics_path"] = env["MALLETRAIN_METRICS"]
         for key, var in (("grace_s", "MALLETRAIN_GRACE_S"),
