@@ -424,9 +424,17 @@ def test_ended_members_of_an_array_are_requeued_held_one_by_one_with_their_ids(c
 def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
     """Primary jobs of known sizes run; slurmdbd's record of them (``sacct``, the export the
     README names, in Slurm's default time format) is replayed: the idle node-seconds replay
-    finds are those the accounting records leave, and the malleable job harvests them."""
+    finds are those the accounting records leave, and the malleable job harvests them.  Before
+    them, an array of 1-node tasks ran in the harvest partition as an elastic group's members do
+    (one held back): with ``--harvest-partition`` the replay leaves it out and counts its
+    members as one job (issue #26)."""
     cluster = clean
     t0 = time.time()
+    group = cluster.sh("sbatch", "--parsable", "-p", "scavenger", "-N", "1", "--hold", "--array=0-2",
+                       "-o", "/dev/null", "--wrap", "sleep 2").strip().split(";")[0]
+    cluster.sh("scontrol", "release", f"{group}_0", f"{group}_1")
+    wait_until(lambda: cluster.sh("squeue", "-h", "-r", "-j", group, "-o", "%i|%T").split() == [f"{group}_2|PENDING"],
+               90, "two members to run and end, the third still held")
 
     def primary(nodes: int, seconds: int, *extra: str) -> str:
         return cluster.sh("sbatch", "--parsable", "-p", "batch", "-N", str(nodes), "-o", "/dev/null", *extra,
@@ -440,15 +448,19 @@ def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
     def export() -> str:
         out = subprocess.run(["sacct", "--allusers", "--allocations", "--parsable2", "-S",
                               time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0 - 60)),
-                              "-j", ",".join(ids), "--format", "JobID,Start,End,NodeList,State"],
+                              "-j", ",".join((*ids, group)), "--format", "JobID,Start,End,NodeList,State,Partition"],
                              env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return out.stdout
-    text = wait_until(lambda: (t := export()).count("COMPLETED") == 3 and t, 60,
-                      "slurmdbd to record the three jobs")
+    text = wait_until(lambda: (t := export()).count("COMPLETED") == 5 and t, 60,
+                      "slurmdbd to record the three jobs and the two members")
+    cluster.sh("scancel", group, check=False)
     trace = tmp_path / "history.sacct"
     trace.write_text(text)
-    rows = [line.split("|") for line in text.splitlines()[1:]]
+    every = [line.split("|") for line in text.splitlines()[1:]]
+    members = [r for r in every if r[5] == "scavenger"]
+    assert sorted(r[0] for r in members if r[4] == "COMPLETED") == [f"{group}_0", f"{group}_1"], text
+    rows = [r for r in every if r[5] != "scavenger"]
     assert [r[4] for r in rows] == ["COMPLETED"] * 3 and not rows[0][1].isdigit()    # ISO times
     from malletrain.domain.timeutil import parse_time
     span = [(parse_time(r[1]), parse_time(r[2]), r[3]) for r in rows]
@@ -461,10 +473,12 @@ def test_replay_reads_this_clusters_own_sacct_history(clean, tmp_path):
                         " rescale_up_s: 0, rescale_down_s: 0, throughput: {1: 100, 2: 190, 4: 360}}\n")
     out = subprocess.run([sys.executable, "-m", "malletrain", "replay", "--trace", str(trace), "--workload",
                           str(workload), "--out", str(tmp_path / "replay"), "--interval", "1", "--no-plots",
-                          "--quiet"], capture_output=True, text=True, timeout=300)
+                          "--harvest-partition", "scavenger"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert "left out 1 job(s) of the harvest partition(s) scavenger (2 of their allocations" in out.stderr
     summary = json.loads((tmp_path / "replay" / "summary.json").read_text())
-    # the replayed window runs from the first start to one second past the last end
+    # the replayed window runs from the first primary start to one second past the last end
     assert summary["trace_span_s"] == pytest.approx(last - first + 1.0)
     assert summary["nodes"] == 4 and summary["idle_node_s"] == pytest.approx(4 * summary["trace_span_s"] - busy)
     assert summary["allocated_node_s"] > 0 and summary["useful_samples"] > 0
