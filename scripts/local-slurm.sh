@@ -140,18 +140,41 @@ resolve_slurm() {
     cp /etc/passwd /etc/group /etc/hosts "$RFS/etc/"
 }
 
+# The Python the project's venv is made from, for jobs run in a root: its install prefix
+# (pyenv, /opt, ...), or, for Debian's own python3.X, its binary and standard library
+# (never the host's whole /usr over the root's).  The root's newer libc and libraries run it.
+venv_python_paths() {
+    local cfg="$ROOT/.venv/pyvenv.cfg" home version
+    [ -f "$cfg" ] || return 0
+    home="$(sed -n 's/^home *= *//p' "$cfg")"; version="$(sed -n 's/^version *= *//p' "$cfg" | cut -d. -f1,2)"
+    case "$home" in
+        ""|/bin|/usr/bin|/usr/local/bin)
+            [ -n "$version" ] || return 0
+            for p in "$home/python$version" "/usr/lib/python$version" "/usr/local/lib/python$version"; do
+                [ -e "$p" ] && echo "$p"
+            done ;;
+        */bin) echo "${home%/bin}" ;;
+    esac
+}
+
 # Run a Slurm daemon: the host's, or chrooted in the root inside a private mount
-# namespace that shows the host's /tmp, /home, the repository and DIR at their own
-# paths (jobs' files, the config) and the host's munge socket.  The mounts live
-# as long as the daemons do: there is nothing to unmount.
+# namespace that shows the host's /tmp, /home, the repository, DIR and the venv's
+# Python at their own paths (jobs' files, the config, jobs that run the project's
+# Python) and the host's munge socket.  The mounts live as long as the daemons do:
+# there is nothing to unmount.
 run_daemon() {
     if [ -z "$RFS" ]; then SLURM_CONF="$CONF" "$@"; return; fi
+    local binds=(/tmp /home "$ROOT" "$DIR")
+    mapfile -t -O 4 binds < <(venv_python_paths)
     unshare --mount --propagation private -- bash -c '
         set -e; R="$1"; shift
         mount -t proc proc "$R/proc"; mount --rbind /dev "$R/dev"; mount --rbind /sys "$R/sys"
         mkdir -p "$R/run/munge"; mount --bind /run/munge "$R/run/munge"
-        while [ "$1" != -- ]; do mkdir -p "$R$1"; mount --rbind "$1" "$R$1"; shift; done; shift
-        exec chroot "$R" "$@"' _ "$RFS" /tmp /home "$ROOT" "$DIR" -- \
+        while [ "$1" != -- ]; do
+            if [ -d "$1" ]; then mkdir -p "$R$1"; else mkdir -p "$(dirname "$R$1")"; touch "$R$1"; fi
+            mount --rbind "$1" "$R$1"; shift
+        done; shift
+        exec chroot "$R" "$@"' _ "$RFS" "${binds[@]}" -- \
         env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$CONF" ${SLURM_JWT:+SLURM_JWT=$SLURM_JWT} "$@"
 }
 

@@ -619,9 +619,10 @@ def test_pytorch_trial_is_preempted_and_resumes_on_other_sizes_to_the_same_param
                  summary, tmp_path)
 
 
+@MATRIX
 def test_an_elastic_group_loses_one_member_to_a_preemption_and_grows_back_without_restarting_the_others(
         clean, tmp_path):
-    """Issue #26 end to end on the host's release: ``malletrain submit --elastic`` (a held array of
+    """Issue #26 end to end on each release: ``malletrain submit --elastic`` (a held array of
     1-node members, the reference CNN with ``RuntimeConfig(elastic=True)``), the daemon as the
     operator account. It starts three members that form one group; a primary job that needs one
     member's node stops that member alone (the daemon gives the node back ahead of Slurm's
@@ -686,7 +687,8 @@ def test_an_elastic_group_loses_one_member_to_a_preemption_and_grows_back_withou
     recs = reforms()
     for k in stay:
         assert cluster.job_times(f"{job}_{k}")["Restarts"] == "0"
-    keep_figures("elastic-group-live.json", {
+    name = "elastic-group-live" + ("" if cluster.version == "host" else f"-{cluster.version}")
+    keep_figures(f"{name}.json", {
         "job": job, "release": cluster.release,
         "reforms": [{x: r.get(x) for x in ("kind", "members", "step", "pause_s")} for r in recs],
         "bitwise_equal_to_uninterrupted": True}, tmp_path)
