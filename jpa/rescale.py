@@ -14,7 +14,8 @@ group (issue #26) re-forms in place, so each of its five kinds is kept on its
 own: a start is a restart of every member, a grow costs the survivors a
 re-forming plus the joiners' start, a shrink or preemption a re-forming, a loss
 the time to notice it.  Elastic and restarting jobs of one profile are pooled
-apart.
+apart, and a group's preemptions and losses (which its own file alone reports)
+are not pooled at all.
 
 Estimate for a job and kind: the median of its own newest ``keep``
 measurements *and a prior*, which counts as one more measurement.  The prior is
@@ -40,6 +41,9 @@ from malletrain.domain.model import MAX_PAUSE_S, PauseKind, PauseSample, Rescale
 START, GROW, SHRINK, PREEMPTION, LOSS = PauseKind
 _RESTART_KIND = {START: START, GROW: START, SHRINK: SHRINK, PREEMPTION: SHRINK, LOSS: SHRINK}
 _OLD_KIND = {"up": START, "down": SHRINK}      # stores written before the kinds (directions)
+# a group's pauses no change of the daemon's caused: its file alone says they happened, so they
+# teach only that group, never its profile (other jobs, other users' where profiles are shared)
+_UNPROMPTED = (PREEMPTION, LOSS)
 
 
 def _kind(value: str) -> PauseKind:
@@ -93,7 +97,7 @@ class RescaleLearner:
         kind = self._key(sample.job_id, sample.kind)
         self._push(self._jobs, (sample.job_id, kind), float(p), self.MAX_JOBS)
         prof = self._profile.get(sample.job_id, "")
-        if prof:
+        if prof and kind not in _UNPROMPTED:     # what no change of the daemon's caused stays the job's
             self._push(self._profiles, (prof, kind, sample.job_id in self._elastic), float(p), self.MAX_PROFILES)
         self.version += 1
         return True
@@ -125,9 +129,14 @@ class RescaleLearner:
         ``start`` and ``shrink``); implausible values are left out, bounds apply as in :meth:`add`."""
         for key, table, limit in (("jobs", self._jobs, self.MAX_JOBS), ("profiles", self._profiles, self.MAX_PROFILES)):
             for entry in data.get(key, []):
-                name, kind, values = entry[:3]
-                k = (str(name), _kind(kind)) if key == "jobs" else \
-                    (str(name), _kind(kind), bool(entry[3]) if len(entry) > 3 else False)
+                try:
+                    name, kind, values = entry[:3]
+                    k = (str(name), _kind(kind)) if key == "jobs" else \
+                        (str(name), _kind(kind), bool(entry[3]) if len(entry) > 3 else False)
+                    values = list(values)
+                except (TypeError, ValueError):
+                    self.rejected += 1          # one bad entry (an older or damaged store): the rest load
+                    continue
                 for v in values:
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
                             and 0 <= v <= MAX_PAUSE_S:

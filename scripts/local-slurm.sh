@@ -143,18 +143,25 @@ resolve_slurm() {
 # The Python the project's venv is made from, for jobs run in a root: its install prefix
 # (pyenv, /opt, ...), or, for Debian's own python3.X, its binary and standard library
 # (never the host's whole /usr over the root's).  The root's newer libc and libraries run it.
+# Printed as SOURCE=TARGET (TARGET: where the root shows it; a path alone is shown at its own).
 venv_python_paths() {
-    local cfg="$ROOT/.venv/pyvenv.cfg" home version
+    local cfg="$ROOT/.venv/pyvenv.cfg" home version link real
     [ -f "$cfg" ] || return 0
     home="$(sed -n 's/^home *= *//p' "$cfg")"; version="$(sed -n 's/^version *= *//p' "$cfg" | cut -d. -f1,2)"
     case "$home" in
         ""|/bin|/usr/bin|/usr/local/bin)
-            [ -n "$version" ] || return 0
-            for p in "$home/python$version" "/usr/lib/python$version" "/usr/local/lib/python$version"; do
-                [ -e "$p" ] && echo "$p"
+            # the venv's python3 names the system's (/usr/bin/python3, which in a root is the
+            # root's own python3.Y): show the host's interpreter there, and its standard library
+            link="$(readlink "$ROOT/.venv/bin/python3" 2>/dev/null || true)"
+            real="$(readlink -f "$ROOT/.venv/bin/python3" 2>/dev/null || true)"
+            [ -n "$version" ] && [ -x "$real" ] || return 0
+            case "$link" in /*) echo "$real=$link" ;; *) echo "$real" ;; esac
+            for p in "/usr/lib/python$version" "/usr/local/lib/python$version"; do
+                [ -d "$p" ] && echo "$p"
             done ;;
-        */bin) echo "${home%/bin}" ;;
+        */bin) [ -d "${home%/bin}" ] && echo "${home%/bin}" ;;
     esac
+    return 0
 }
 
 # Run a Slurm daemon: the host's, or chrooted in the root inside a private mount
@@ -171,8 +178,10 @@ run_daemon() {
         mount -t proc proc "$R/proc"; mount --rbind /dev "$R/dev"; mount --rbind /sys "$R/sys"
         mkdir -p "$R/run/munge"; mount --bind /run/munge "$R/run/munge"
         while [ "$1" != -- ]; do
-            if [ -d "$1" ]; then mkdir -p "$R$1"; else mkdir -p "$(dirname "$R$1")"; touch "$R$1"; fi
-            mount --rbind "$1" "$R$1"; shift
+            src="${1%%=*}"; dst="${1#*=}"
+            if [ -d "$src" ]; then mkdir -p "$R$dst"
+            elif [ ! -e "$R$dst" ]; then mkdir -p "$(dirname "$R$dst")"; touch "$R$dst"; fi
+            mount --rbind "$src" "$R$dst"; shift
         done; shift
         exec chroot "$R" "$@"' _ "$RFS" "${binds[@]}" -- \
         env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$CONF" ${SLURM_JWT:+SLURM_JWT=$SLURM_JWT} "$@"

@@ -32,7 +32,7 @@ TEMPLATE = "malleable.sbatch"     # package data: malletrain/slurm/templates/
 
 
 def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launch: str,
-                  tasks_per_node: int, template: str | None = None) -> str:
+                  tasks_per_node: int, template: str | None = None, elastic: bool = False) -> str:
     """The batch script: ``templates/malleable.sbatch`` with its {{fields}} filled in.
 
     ``launch=srun`` runs ``tasks_per_node`` copies of COMMAND per node (one per GPU,
@@ -51,7 +51,8 @@ def render_script(command: list[str], *, metrics_dir: str, grace_s: float, launc
         cmd = f"srun --ntasks-per-node={tasks_per_node} {cmd}"
     elif launch == "torchrun":
         cmd = f"srun --ntasks-per-node=1 {shlex.join(torchrun_command(command, tasks_per_node))}"
-    fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": shlex.quote(f"{grace_s:g}"), "launch": cmd}
+    fields = {"metrics_dir": shlex.quote(metrics_dir), "grace_s": shlex.quote(f"{grace_s:g}"), "launch": cmd,
+              "elastic": "1" if elastic else "0"}
     # one pass: a value that itself contains {{...}} is never expanded again
     return _FIELD.sub(lambda m: fields[m.group(1)] if m.group(1) in fields else m.group(0), template)
 
@@ -122,7 +123,7 @@ def build_submission(command: list[str], *, name: str, min_nodes: int, max_nodes
     argv += list(extra or [])
     argv.append(script_path)
     script = render_script(command, metrics_dir=metrics_dir, grace_s=grace_s, launch=launch,
-                           tasks_per_node=1 if elastic else gpus_per_node or 1)
+                           tasks_per_node=1 if elastic else gpus_per_node or 1, elastic=elastic)
     return argv, script
 
 

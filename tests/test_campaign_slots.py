@@ -424,8 +424,9 @@ _MEMBER = textwrap.dedent("""
 def test_an_elastic_groups_members_each_close_out_a_trial_once(tmp_path):
     """Issue #26: every member of a trial's group runs the wrapper and closes out.  A member that
     leaves changes nothing; one that ends 0 waits for the result rank 0 writes (then the trial is
-    complete, once); a failure counts against retries once per run of the group, however many
-    members report it."""
+    complete, once).  A member that ends without the result is one member gone while any other
+    runs; the failure counts once, when the last member of the run ends (members that ended
+    together close out one after the other while Slurm still shows them running)."""
     spec_text = (SPEC.replace("command: [python3, train.py]", f"command: [{sys.executable}, member.py]")
                  + "job: {elastic: true, max_nodes: 3}\n")
     (tmp_path / "member.py").write_text(_MEMBER)
@@ -434,17 +435,19 @@ def test_an_elastic_groups_members_each_close_out_a_trial_once(tmp_path):
     _tick(spec, sb)
     mode = tmp_path / "mode"
     ticks, naps = [], []
+    shown: dict = {}                 # what Slurm shows running: task -> start
 
-    def run(slot, task, restart=0, result=None):
+    def run(slot, task, result=None):
         env = {**os.environ, "MODE_FILE": str(mode), "SLURM_ARRAY_TASK_ID": str(task), "SLURM_PROCID": "0",
-               "MALLETRAIN_RESTART": str(restart)}
+               "SLURM_ARRAY_JOB_ID": "100"}
 
         def sleep(s):
             naps.append(s)
             if result is not None and len(naps) == 3:          # rank 0 writes it meanwhile
                 _finish(spec, slots.bind(spec, slot, open_study(spec)).number, result)
         return run_trial(spec.dir, slot, open_study=open_study, ticker=lambda s, st: ticks.append(slot),
-                         env=env, sleep=sleep)
+                         env=env, sleep=sleep, peers=lambda array: None if shown is None else dict(shown))
+    shown.update({0: "t0", 1: "t0", 2: "t0"})
     mode.write_text("leave")
     assert run("s000", 1) == 3 and ticks == [] and naps == []        # left: the others train on
     mode.write_text("ok")
@@ -453,13 +456,21 @@ def test_an_elastic_groups_members_each_close_out_a_trial_once(tmp_path):
     assert study.trials()[0].state == "complete" and 0 < len(naps) <= 3
     assert run("s000", 0) == 0 and study.trials()[0].state == "complete"    # the rest: closed already
     naps.clear()
-    assert run("s001", 0) == 0 and len(naps) == RESULT_WAIT_S / 0.5         # no result came: a failure
-    assert _ledger(spec)[1]["failures"] == 1
+    assert run("s001", 0) == 0 and len(naps) == RESULT_WAIT_S / 0.5         # no result came ...
+    assert _ledger(spec)[1]["failures"] == 0                                # ... but 1 and 2 run on
     mode.write_text("fail")
-    assert run("s001", 1) == 1 and run("s001", 2) == 1                     # the same run: counted once
-    assert _ledger(spec)[1]["failures"] == 1 and study.trials()[1].state == "running"
-    assert run("s001", 0, restart=1) == 0                                   # the group's next run fails too
+    del shown[0]
+    assert run("s001", 1) == 1 and _ledger(spec)[1]["failures"] == 0       # 2 still runs
+    assert run("s001", 2) == 1 and _ledger(spec)[1]["failures"] == 1       # the run's last member: once
+    assert study.trials()[1].state == "running"
+    shown.clear()
+    shown.update({0: "t9", 1: "t9"})          # the group's next run (new starts), all members fail together
+    assert run("s001", 0) == 1 and _ledger(spec)[1]["failures"] == 1       # 1 is shown running still
+    assert run("s001", 1) == 0                                              # the last: retries spent
     assert _ledger(spec)[1]["failures"] == 2 and study.trials()[1].state == "failed"
+    _tick(spec, sb, study=study)
+    shown = None                               # Slurm unreachable: a member's end is never counted
+    assert run("s002", 0) == 1 and _ledger(spec)[2]["failures"] == 0
 
 
 _HOLD_LOCK = """

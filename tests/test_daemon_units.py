@@ -110,7 +110,11 @@ def test_an_elastic_groups_changes_are_measured_from_its_reforming_records(tmp_p
     assert poll(95.0, None) == []
     reform(96.0, "shrink", 1, 0.03)          # before any change of the daemon's: a node taken back
     reform(97.0, "grow", 2, 0.03)            # nor is a grow it did not make measured
-    assert poll(98.0, None) == [(PauseKind.PREEMPTION, 0.03)]
+    reform(97.5, "shrink", 1, 0.0)           # more such claims in one read count once
+    reform(97.6, "loss", 1, 0.0)
+    reform(97.7, "loss", 1, 0.0)
+    reform(97.8, "grow", 2, 0.03)
+    assert poll(98.0, None) == [(PauseKind.PREEMPTION, 0.03), (PauseKind.LOSS, 0.0)]
     grow = SizeChange(Direction.UP, hold_s=100.0, release_s=100.0, nodes=3)
     reform(106.0, "grow", 3, 0.05)           # the joiner started for 6 s; the others paused 0.05 s
     progress(path, 106.5, 200.0, nodes=3)

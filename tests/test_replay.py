@@ -262,16 +262,18 @@ def test_a_sacct_export_leaves_out_the_harvest_partitions_jobs_and_folds_a_group
             f"7_1|{at(200)}|{at(900)}|n4|COMPLETED|scavenger",
             f"7_2|{at(300)}|{at(900)}|n5|COMPLETED|scavenger",      # a node only the harvest used
             "7_[3-5]|Unknown|Unknown|None assigned|PENDING|scavenger",
-            f"8|{at(500)}|{at(700)}|n3|COMPLETED|scavenger",        # a plain malleable job
+            f"8|{at(500)}|{at(700)}|n3|COMPLETED|scavenger,batch",  # a plain malleable job (several partitions)
+            f"10+0|{at(950)}|{at(960)}|n2|COMPLETED|scavenger",     # a heterogeneous job's two parts: one job
+            f"10+1|{at(950)}|{at(960)}|n5|COMPLETED|scavenger",
             f"9|{at(950)}|{at(990)}|n1|COMPLETED|batch"]
     (tmp_path / "t.sacct").write_text("\n".join(rows) + "\n")
     whole = load_trace(str(tmp_path / "t.sacct"), start=T0 + 1, end=T0 + 1000)
     primary = load_trace(str(tmp_path / "t.sacct"), start=T0 + 1, end=T0 + 1000, harvest_partitions=("scavenger",))
-    assert primary.harvest_jobs == 2 and primary.harvest_members == 3 and whole.harvest_jobs == 0
+    assert primary.harvest_jobs == 3 and primary.harvest_members == 3 and whole.harvest_jobs == 0
     assert sorted(primary.nodes) == sorted(whole.nodes) == ["n1", "n2", "n3", "n4", "n5"]
     busy_primary = 300 * 2 + 40
     assert idle_node_seconds(primary) == pytest.approx(5 * 999 - busy_primary)
-    assert idle_node_seconds(whole) == pytest.approx(5 * 999 - busy_primary - (400 + 700 + 600 + 200 - 100))
+    assert idle_node_seconds(whole) == pytest.approx(5 * 999 - busy_primary - (400 + 700 + 600 + 200 - 100 + 20))
     out = tmp_path / "out"
     wl = tmp_path / "w.yaml"
     wl.write_text("jobs:\n- {name: a, submit: 0, min_nodes: 1, max_nodes: 2, work: 1000000,\n"
@@ -279,4 +281,4 @@ def test_a_sacct_export_leaves_out_the_harvest_partitions_jobs_and_folds_a_group
     code = main(["replay", "--trace", str(tmp_path / "t.sacct"), "--workload", str(wl), "--out", str(out),
                  "--harvest-partition", "scavenger", "--no-plots"])
     assert code == 0
-    assert "left out 2 job(s) of the harvest partition(s) scavenger (3 of their allocations" in capsys.readouterr().err
+    assert "left out 3 job(s) of the harvest partition(s) scavenger (3 of their allocations" in capsys.readouterr().err

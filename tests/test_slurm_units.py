@@ -415,3 +415,39 @@ def test_topology_leaf_switches_group_the_nodes():
             "SwitchName=top Level=1 LinkSpeed=1 Switches=s[1-2]\nSwitchName=bad Level=0 Nodes=n[5-\n")
     assert parse_topology(text) == {"n1": "s1", "n2": "s1", "n3": "s2", "n4": "s2"}
     assert parse_topology("") == {} and parse_topology("No topology information available\n") == {}
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_the_batch_script_addresses_a_member_as_its_array_task_and_a_plain_job_as_itself(tmp_path, elastic):
+    """Issue #26: the member left on the array's own job id (slurmctld keeps the last unstarted
+    task there) must requeue only itself after a stop: ``scontrol requeue ARRAY_TASK``; the array's
+    id would requeue every member.  A plain job submitted from inside an array task inherits that
+    task's SLURM_ARRAY_* variables: it is still its own job, not elastic."""
+    import stat
+    import subprocess
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    for name, body in (("squeue", 'echo "squeue $*" >> "$CALLS"; echo RUNNING'),
+                       ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(stat.S_IRWXU)
+    seen = tmp_path / "seen"
+    command = ["sh", "-c", f'echo "$MALLETRAIN_JOB $MALLETRAIN_ELASTIC $MALLETRAIN_METRICS" > {seen}; exit 137']
+    _, script = build_submission(command, name="x", min_nodes=1, max_nodes=4, gpus_per_node=0, profile="x",
+                                 time_limit=None, rescale_up_s=1, rescale_down_s=1, metrics_dir=str(tmp_path / "m"),
+                                 partition="p", token="t", script_path="/m/s", launch="batch", elastic=elastic)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "CALLS": str(calls), "SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7",
+           "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}
+    if not elastic:       # a plain job 12, submitted from inside task 3 of array 7
+        env["SLURM_JOB_ID"] = "12"
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr          # stopped by a signal: it requeued itself
+    job, flag, metrics = seen.read_text().split()
+    said = calls.read_text().splitlines()
+    if elastic:
+        assert (job, flag) == ("7", "1") and metrics.endswith("/m/7.jsonl")
+        assert said == ["squeue -h -t all -j 7_3 -o %T", "scontrol requeue 7_3"]
+    else:
+        assert (job, flag) == ("12", "0") and metrics.endswith("/m/12.jsonl")
+        assert said == ["squeue -h -t all -j 12 -o %T", "scontrol requeue 12"]

@@ -129,7 +129,7 @@ def _slot_ok(s: Any) -> bool:
             and (s.get("job") is None or isinstance(s.get("job"), str))
             and (s.get("trial") is None or type(s.get("trial")) is int)
             and type(s.get("failures", 0)) is int and s.get("end") in (None, *ENDS)
-            and isinstance(s.get("counted", []), list))
+            and isinstance(s.get("failing", []), list))
 
 
 def save_ledger(directory: str, led: dict) -> None:
@@ -203,16 +203,22 @@ def read_values(spec: Spec, number: int) -> tuple[list[float] | None, bool]:
     return vals, bool(res.get("final"))
 
 
-MAX_COUNTED = 32        # the newest failure keys a slot keeps (close_out's ``once``)
+MAX_FAILING = 64        # members of a group a slot remembers as ended without the trial's result
 
 
-def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool, once: str | None = None) -> str | None:
+def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool, member: str | None = None,
+              running: frozenset[str] | None = None) -> str | None:
     """After the trial's command exited ``rc`` (``stopped``: it checkpointed on a signal, the
     job runs again): the slot's end (``done``, ``pruned``, ``failed``), or None while the trial
     goes on (stopped, or a failure within ``retries``: the job is started again).
 
-    ``once``: the failure's key (an elastic group's members: the run they failed in), counted
-    against ``retries`` once however many members report it."""
+    An elastic group's ``member`` (its task and the start of its run, ``TASK@START``) that ended
+    without the trial's result is one member gone, not yet the trial's failure: the others train
+    on.  It is remembered; the failure counts against ``retries`` once, when no other member of
+    the group is ``running`` (its members now on nodes, each ``TASK@START``) but those remembered
+    (members that ended together, as a bug ends them all, close out one after the other while
+    Slurm still shows them running).  ``running`` None: Slurm could not be asked, nothing is
+    counted (the daemon's safety net still bounds the group's runs)."""
     with locked(spec.dir):
         led = load_ledger(spec.dir)
         slot = _slot(spec.dir, led, slot_id)
@@ -226,10 +232,10 @@ def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool, once: 
             if rc == 0 and final and values is not None:
                 study.complete(number, values)
                 end = "done"
-            elif once is None or once not in slot.get("counted", []):
+            elif member is not None and not _group_failed(slot, member, running):
+                pass            # one member gone: the group trains on (or its last member counts it)
+            else:
                 slot["failures"] = slot.get("failures", 0) + 1
-                if once is not None:
-                    slot["counted"] = [*slot.get("counted", [])[-(MAX_COUNTED - 1):], once]
                 if slot["failures"] > spec.retries:
                     study.failed(number)
                     end = "failed"
@@ -237,6 +243,17 @@ def close_out(spec: Spec, slot_id: str, study, *, rc: int, stopped: bool, once: 
             slot["end"] = end
         save_ledger(spec.dir, led)
         return end
+
+
+def _group_failed(slot: dict, member: str, running: frozenset[str] | None) -> bool:
+    """Whether ``member``'s end without a result ends its group's run (see :func:`close_out`)."""
+    failing = [m for m in slot.get("failing", []) if isinstance(m, str) and m != member][-(MAX_FAILING - 1):]
+    failing.append(member)
+    if running is not None and not (running - {member} - set(failing)):
+        slot["failing"] = []
+        return True
+    slot["failing"] = failing
+    return False
 
 
 # ---- keeping the campaign going ------------------------------------------------------------------

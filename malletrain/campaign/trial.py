@@ -21,10 +21,11 @@ job of its own (one array task per node) running this wrapper, and every member 
 * all bind the same trial (the first asks, under the lock);
 * a member that leaves (exit 3, a signal) changes nothing: the others train on;
 * a member that ends 0 waits up to ``RESULT_WAIT_S`` for the final result (the member that is
-  rank 0 writes it as the others end): then the trial is complete, once; without one it is a
-  failure;
-* a failure counts against ``retries`` once per run of the group (its members' restart count),
-  however many members report it: a bug that fails every member is one failure, not one per node.
+  rank 0 writes it as the others end): then the trial is complete, once;
+* a member that ends without the result (it failed, or ended 0 and none came) is one member
+  gone: the others train on.  The failure counts against ``retries`` once, when no other member
+  is left running (:func:`malletrain.campaign.slots.close_out`; ``peers`` asks Slurm): a bug that
+  fails every member is one failure, not one per node, and one member lost is none.
 
 A job whose trial is already closed when it starts (it was pruned or finished just as the job was
 preempted or rescaled) writes its exit record and exits 0 at once.  Exit records this module
@@ -140,11 +141,15 @@ def exit_record(reason: str, env: Mapping[str, str] = os.environ) -> None:
         os.close(fd)
 
 
+Peers = Callable[[str], "dict[int, str] | None"]    # an array's running tasks -> their starts (None: unknown)
+
+
 def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], object],
               ticker: Callable[[Spec, object], None], env: Mapping[str, str] = os.environ,
               popen: Callable[..., subprocess.Popen] = subprocess.Popen,
-              sleep: Callable[[float], None] = time.sleep) -> int:
-    """A trial job's process (see the module docstring); the exit status for the job."""
+              sleep: Callable[[float], None] = time.sleep, peers: Peers | None = None) -> int:
+    """A trial job's process (see the module docstring); the exit status for the job.
+    ``peers(array)``: the array's members Slurm shows running, task -> start (a group's)."""
     spec = slots.thawed(directory)
     study = open_study(spec)
     bound = slots.bind(spec, slot_id, study)
@@ -164,13 +169,18 @@ def run_trial(directory: str, slot_id: str, *, open_study: Callable[[Spec], obje
     if not first:
         return rc
     stopped = rc == EXIT_STOPPED or rc > 128
-    once = None
+    me, running = None, None
     if member:
         if rc == 0:
             _await_final(spec, bound.number, sleep)
-        restart = env.get("MALLETRAIN_RESTART", "0")
-        once = f"run {restart if restart.isdigit() and len(restart) < 7 else 0}"
-    end = slots.close_out(spec, slot_id, study, rc=rc, stopped=stopped, once=once)
+        task, array = env["SLURM_ARRAY_TASK_ID"], env.get("SLURM_ARRAY_JOB_ID", "")
+        shown = peers(array) if peers is not None and array.isdigit() else None
+        if shown is not None and int(task) in shown:      # its own run is still running (this wrapper)
+            me = f"{task}@{shown[int(task)]}"
+            running = frozenset(f"{t}@{s}" for t, s in shown.items())
+        else:
+            me = f"{task}@?"
+    end = slots.close_out(spec, slot_id, study, rc=rc, stopped=stopped, member=me, running=running)
     if end is None:
         return rc
     if end == "failed":

@@ -395,7 +395,23 @@ def cmd_campaign_trial(args) -> int:
         submit = slots.load_ledger(spec.dir).get("submit")
         if isinstance(submit, dict) and isinstance(submit.get("metrics_dir"), str):
             _campaign_tick(spec, study, submit)
-    return run_trial(directory, args.slot, open_study=open_study, ticker=ticker)
+    return run_trial(directory, args.slot, open_study=open_study, ticker=ticker, peers=_running_members)
+
+
+def _running_members(array: str) -> dict[int, str] | None:
+    """An elastic trial's members Slurm shows running: task -> start time (None: Slurm not asked)."""
+    from malletrain.domain.model import MAX_MEMBERS
+    try:
+        out = _runner(_config(None)).read(["squeue", "-h", "-r", "-j", array, "-t", "running", "-o", "%K|%S"])
+    except Exception as exc:   # noqa: BLE001 - without Slurm's word no failure is counted
+        say(f"malletrain: warning: cannot list the trial's members ({exc})", file=sys.stderr)
+        return None
+    members = {}
+    for line in out.splitlines()[:MAX_MEMBERS]:
+        task, _, start = line.partition("|")
+        if task.isdigit() and len(task) < 8:
+            members[int(task)] = start[:40]
+    return members
 
 
 def cmd_config_check(args) -> int:

@@ -505,10 +505,14 @@ class ProgressSource:
           work, as one pause at the new size, the way the replay charges it (replay/sim.py);
         * a ``loss``: a member gone unannounced, the survivors' pause (mostly the time to notice).
 
+        Preemptions and losses are what the job's file alone reports: at most one of each a read
+        (and the learner keeps them to the job, :mod:`malletrain.jpa.rescale`).
+
         Joins seen by a joiner and mixed changes are not measured.  Bounded like every
         measurement: within ``max_pause_s`` and no later than the read."""
         reforms, st.new_reforms = st.new_reforms, []
         ch = facts.change
+        unprompted: set[PauseKind] = set()     # at most one preemption and one loss a read
         for kind, pause_s, t, nodes, before in reforms:
             if kind == "shrink":
                 ours = (ch.hold_s if ch is not None and ch.direction is Direction.DOWN and t >= ch.hold_s
@@ -517,9 +521,13 @@ class ProgressSource:
                     continue                            # the same shrink, in two steps: measured once
                 if ours is not None:
                     st.measured = ours
+                elif PauseKind.PREEMPTION in unprompted:
+                    continue
+                unprompted.add(PauseKind.PREEMPTION if ours is None else PauseKind.SHRINK)
                 self._pauses.append(PauseSample(job, PauseKind.PREEMPTION if ours is None else PauseKind.SHRINK,
                                                 min(pause_s, self.max_pause_s), self._now))
-            elif kind == "loss":
+            elif kind == "loss" and PauseKind.LOSS not in unprompted:
+                unprompted.add(PauseKind.LOSS)
                 self._pauses.append(PauseSample(job, PauseKind.LOSS, min(pause_s, self.max_pause_s), self._now))
             elif (kind == "grow" and ch is not None and ch.direction is Direction.UP and nodes >= 1
                   and st.measured != ch.hold_s and t >= ch.release_s):      # once per change

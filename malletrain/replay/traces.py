@@ -331,8 +331,10 @@ def _assign_first_fit(starts, ends, sizes, cluster: int | None, skipped: int,
 SACCT_FIELDS = ("JobID", "Start", "End", "NodeList", "State")
 
 
-# sacct's JobID of one array task, ARRAY_TASK, or of its pending tasks merged, ARRAY_[3-5]
+# sacct's JobID of one array task, ARRAY_TASK, or of its pending tasks merged, ARRAY_[3-5]; a
+# heterogeneous job's components, JOB+K, are one job too
 _ARRAY_TASK = re.compile(r"(\d+)_(?:\d+|\[[0-9,\-%]*\])")
+_HET_PART = re.compile(r"(\d+)\+\d+")
 
 
 def _load_sacct(path: str, harvest: frozenset[str] = frozenset()) -> NodeTrace:
@@ -368,11 +370,12 @@ def _load_sacct(path: str, harvest: frozenset[str] = frozenset()) -> NodeTrace:
             jid = f[col["JobID"]]
             if "." in jid:
                 continue  # a job step; allocations only
-            if part >= 0 and f[part].strip() in harvest:
+            if part >= 0 and harvest.intersection(f[part].strip().split(",")):
                 task = _ARRAY_TASK.fullmatch(jid.strip())
                 members += task is not None and f[col["Start"]].strip() not in ("Unknown", "None", "")
                 if len(harvest_ids) < MAX_NODES:
-                    harvest_ids.add(task.group(1) if task else jid.strip())
+                    one = task or _HET_PART.fullmatch(jid.strip())
+                    harvest_ids.add(one.group(1) if one else jid.strip())
                 harvested.append((lineno, f[col["NodeList"]].strip()))
                 continue  # malletrain's own: its nodes were idle to the primary scheduler
             rows.append((lineno, f))

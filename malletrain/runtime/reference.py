@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import sys
+from typing import Any
 
 
 def make_data(seed: int = 0, n: int = 1024, classes: int = 10):
@@ -93,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     mapping = json.loads(args.mapping) if args.mapping.startswith("[") else args.mapping
+    elastic: dict[str, Any] = {"elastic": True} if args.elastic else {}   # else: as the environment says
     cfg = RuntimeConfig.from_env(checkpoint_dir=args.dir, logical_workers=args.workers,
                                  micro_batch=args.micro_batch, mode=args.mode, seed=args.seed,
                                  checkpoint_every_steps=args.every, checkpoint_every_s=0.0,
-                                 mapping=mapping, keep=3, elastic=args.elastic,
+                                 mapping=mapping, keep=3,
                                  background_checkpoints={"on": True, "off": False}.get(args.background_checkpoints),
-                                 report_s=args.report_s)
+                                 report_s=args.report_s, **elastic)
     rt = Runtime(cfg)
     torch.manual_seed(args.seed)   # same initial parameters everywhere (rank 0's are broadcast too)
     model = make_model(args.width)
