@@ -27,6 +27,7 @@ import tempfile
 import time
 
 from devtools.bench_queue import BenchCluster
+from devtools.elastic_drill import _records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = {"host": 7117, "24.11": 7147, "26.05": 7177}
@@ -73,20 +74,8 @@ class Group:
                 self.c.run("scontrol", "uhold", f"{self.job}_{t}")
 
     def reforms(self) -> list[dict]:
-        path = os.path.join(self.metrics, f"{self.job}.jsonl")
-        out = []
-        try:
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict) and rec.get("event") == "reform":
-                        out.append(rec)
-        except FileNotFoundError:
-            pass
-        return out
+        return [r for r in _records(os.path.join(self.metrics, f"{self.job}.jsonl"))
+                if isinstance(r, dict) and r.get("event") == "reform"]
 
 
 def wait_until(pred, timeout_s: float, what: str):

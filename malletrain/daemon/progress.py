@@ -521,11 +521,13 @@ class ProgressSource:
                     continue                            # the same shrink, in two steps: measured once
                 if ours is not None:
                     st.measured = ours
+                    measured = PauseKind.SHRINK
                 elif PauseKind.PREEMPTION in unprompted:
                     continue
-                unprompted.add(PauseKind.PREEMPTION if ours is None else PauseKind.SHRINK)
-                self._pauses.append(PauseSample(job, PauseKind.PREEMPTION if ours is None else PauseKind.SHRINK,
-                                                min(pause_s, self.max_pause_s), self._now))
+                else:
+                    measured = PauseKind.PREEMPTION
+                    unprompted.add(measured)
+                self._pauses.append(PauseSample(job, measured, min(pause_s, self.max_pause_s), self._now))
             elif kind == "loss" and PauseKind.LOSS not in unprompted:
                 unprompted.add(PauseKind.LOSS)
                 self._pauses.append(PauseSample(job, PauseKind.LOSS, min(pause_s, self.max_pause_s), self._now))
