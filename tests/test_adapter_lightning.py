@@ -10,7 +10,7 @@ import signal
 import subprocess
 
 import pytest
-from helpers import finished, launch_example, param_diff, progress_records, wait_step, worker_pids
+from helpers import finished, launch_example, param_diff, progress_records, torchrun, wait_step, worker_pids
 
 pytestmark = pytest.mark.torch
 
@@ -63,6 +63,40 @@ def test_lightning_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path
     last = [r["step"] for r in recs if r["event"] == "metric" and r["world"] == 1]
     assert last == list(range(5 * (stop["step"] // 5 + 1), 5 * epochs + 1, 5))   # one validation an epoch
     assert param_diff(tmp_path / "straight1.pt", tmp_path / "out.pt") < ROUNDING_BOUND
+
+
+@pytest.mark.slow
+def test_lightning_restored_at_epoch_ends_trains_every_epoch_once(tmp_path):
+    """Stops that fall on an epoch's last step, where Lightning's count of epochs and the data's
+    part ways: a run restored there trains the next epoch's data in Lightning's rerun of the
+    restored epoch, and Lightning 2.6 keeps its epoch totals one short after such a restore, so
+    that a second stop at an epoch's end is taken as a fresh start of the same epoch.  The adapter
+    once moved its data back to Lightning's count there (an epoch trained twice: CI saw 505 steps
+    of 500) and, restored at the very last step, trained one epoch beyond the end.  Stops after
+    steps 10, 15 and 30 of 30 (6 epochs of 5 steps), each resumed: every step once, the
+    parameters of an uninterrupted run bit for bit (one process throughout)."""
+    epochs = 6
+    script = os.path.join(ROOT, "tests", "fixtures", "lightning_stop_at.py")
+
+    def run(name, stop_at=None, ckpt="ck", metrics=None):
+        env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT,
+               **({"MALLETRAIN_TEST_STOP_AT": str(stop_at)} if stop_at else {}),
+               **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
+        return finished(torchrun([script, "--epochs", str(epochs), "--out", str(tmp_path / f"{name}.pt"),
+                                  "--ckpt", str(tmp_path / ckpt)], 1, env=env))
+    rc, _, err = run("straight", ckpt="ck1")
+    assert rc == 0, err[-3000:]
+    metrics = str(tmp_path / "m.jsonl")
+    for stop in (10, 15, 30):
+        rc, _, err = run("out", stop, metrics=metrics)
+        assert rc == 3, err[-3000:]
+    rc, _, err = run("out", metrics=metrics)
+    assert rc == 0, err[-3000:]
+    recs = progress_records(metrics)
+    assert [(r["event"], r["step"], r.get("reason")) for r in recs if r["event"] in ("start", "exit")] == [
+        ("start", 0, None), ("exit", 10, "signal"), ("start", 10, None), ("exit", 15, "signal"),
+        ("start", 15, None), ("exit", 30, "signal"), ("start", 30, None), ("exit", 30, "done")]
+    assert param_diff(tmp_path / "straight.pt", tmp_path / "out.pt") == 0.0
 
 
 @pytest.mark.slow

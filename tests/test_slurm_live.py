@@ -918,6 +918,10 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
             views = study.trials()
             return len(views) == 4 and all(v.state != "running" for v in views) and views
         views = wait_until(closed, 420, "the campaign's 4 trials to close, with no user command")
+        # the daemon cancels a group's held members once its work is done (recovery; a member never
+        # cancels the others): so while it still runs
+        wait_until(lambda: not clean.sh("squeue", "-h", "-r", "-o", "%i", check=False).split(), 60,
+                   "every trial's held members to be cancelled after its end")
     finally:
         d.stop()
     slots_ = ledger()
@@ -941,8 +945,6 @@ def test_study_campaign_goes_on_unattended_and_prunes(clean, tmp_path):
     st = cli("status")
     assert st.returncode == 0 and "Optuna grid" in st.stdout, st.stderr
     assert f"best so far: trial {best.number}" in st.stdout, st.stdout
-    wait_until(lambda: not clean.sh("squeue", "-h", "-r", "-o", "%i", check=False).split(), 60,
-               "every trial's held members to be cancelled after its end")
     keep_figures("study-campaign-live.json", {
         "elastic_groups": True,
         "reforms": {s["job"]: [(r["kind"], len(r.get("members") or [])) for r in metrics_records(camp, s["job"])

@@ -106,7 +106,10 @@ class Malleable(Contract, pl.Callback):
         epoch.  ``kwargs`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...), not
         ``batch_size``, ``shuffle``, ``sampler`` or ``drop_last``: the adapter's plan decides them."""
         kwargs = loader_kwargs(kwargs)
-        return DataLoader(dataset, batch_sampler=self.batch_sampler(len(dataset), whole_epoch=True), **kwargs)
+        epochs = getattr(self._trainer, "max_epochs", None)      # -1 or None: the steps bound the fit
+        last = epochs - 1 if isinstance(epochs, int) and epochs > 0 else None
+        return DataLoader(dataset, batch_sampler=self.batch_sampler(len(dataset), whole_epoch=True, last_epoch=last),
+                          **kwargs)
 
     def resume_from(self) -> str | None:
         """The newest good checkpoint's path (for ``trainer.fit(ckpt_path=...)``), or None.  Each
@@ -191,7 +194,12 @@ class Malleable(Contract, pl.Callback):
                  self.accumulation, self.global_batch)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if trainer.current_epoch != self.epoch:
+        # Forward only.  A run restored at the last step of an epoch trains the next epoch's data
+        # (Contract.batch_sampler) in Lightning's rerun of the restored one, so the data may stand
+        # an epoch (or, after more such restores, more) ahead of Lightning's count; Lightning's
+        # epochs that follow are then empty until its count catches up.  Going back to its count
+        # would train an epoch twice.
+        if trainer.current_epoch > self.epoch:
             self.epoch, self.in_epoch = trainer.current_epoch, 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
