@@ -32,9 +32,11 @@ in a few lines (README, "Bring your own Lightning script")::
 * *Its accumulation and data split depend on the world size.*  :meth:`Malleable.dataloader`
   yields this rank's micro-batches of each global step (the plan of
   :mod:`malletrain.adapters.contract`, world-size independent), from the step the run stands at;
-  the callback sets ``accumulate_grad_batches`` for the current world and, when a checkpoint
-  written at another world size is loaded, rewrites Lightning's batch counters of the epoch to
-  the new world's (its ``global_step``, the optimizer steps, does not change).
+  the callback sets ``accumulate_grad_batches`` for the current world and, on every load,
+  rewrites Lightning's epoch and batch counters from its own position at the new world's
+  accumulation (its ``global_step``, the optimizer steps, does not change).
+* *Its loop counters go wrong after a restore at an epoch's last step* (2.6 never counts that
+  run's first epoch as begun): another reason they are rewritten, never trusted, on load.
 
 Results agree across world sizes to float rounding (the all-reduce sums in another order), not
 bitwise, as with the DDP adapter.
@@ -151,7 +153,7 @@ class Malleable(Contract, pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.global_step, "epoch": self.epoch, "in_epoch": self.in_epoch,
-                "global_batch": self.global_batch, "seed": self.seed, "world": self.world,
+                "per_epoch": self.per_epoch, "global_batch": self.global_batch, "seed": self.seed, "world": self.world,
                 "accumulation": self.accumulation, "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -165,20 +167,31 @@ class Malleable(Contract, pl.Callback):
         torch.set_rng_state(st["rng"])
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of another world size: Lightning counts the epoch's batches per rank, and
-        a rank now takes another number of micro-batches per step; shift the counters of this
-        epoch to the steps done times the new accumulation."""
+        """Lightning's loop counters, rewritten from the adapter's own (epoch, steps done in it,
+        accumulation): the epoch begun and not finished, ``in_epoch × accumulation`` of its
+        micro-batches done, saved at a batch end (every checkpoint is written at a step boundary
+        in ``on_train_batch_end``).  What Lightning kept is not used: a checkpoint of another
+        world size counts another number of micro-batches a step, and Lightning 2.6's own totals
+        go wrong after a restore at an epoch's last step (it never counts that run's first epoch
+        as begun; a later restore then skipped or repeated data)."""
         st = checkpoint.get("callbacks", {}).get(self.state_key, {})
-        old = st.get("accumulation")
-        if not isinstance(old, int) or old == self.accumulation:
+        loops = checkpoint.get("loops", {}).get("fit_loop")
+        if not isinstance(loops, dict) or not all(isinstance(st.get(k), int) for k in ("epoch", "in_epoch")):
             return
-        delta = int(st["in_epoch"]) * (self.accumulation - old)
-        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
-        for part in ("current", "total"):
-            for key in ("ready", "started", "processed", "completed"):
-                progress[part][key] += delta
-        log.info("checkpoint of %d process(es) loaded on %d: %d micro-batch(es) a step instead of %d",
-                 st.get("world"), self.world, self.accumulation, old)
+        epoch, done = st["epoch"], st["in_epoch"] * self.accumulation
+        per_epoch = st.get("per_epoch")
+        last = done > 0 and (st["in_epoch"] >= per_epoch if isinstance(per_epoch, int) and per_epoch > 0
+                             else bool(loops["epoch_loop.batch_progress"].get("is_last_batch")))
+        begun = {"ready": epoch + 1, "started": epoch + 1, "processed": epoch, "completed": epoch}
+        loops["epoch_progress"] = {"total": dict(begun), "current": dict(begun)}
+        total = max(done, int(loops["epoch_loop.batch_progress"]["total"].get("processed", 0)))
+        loops["epoch_loop.batch_progress"] = {
+            "total": {"ready": total, "started": total, "processed": total, "completed": total - 1},
+            "current": {"ready": done, "started": done, "processed": done, "completed": done - 1},
+            "is_last_batch": last}
+        if st.get("accumulation") != self.accumulation:
+            log.info("checkpoint of %d process(es) loaded on %d: %d micro-batch(es) a step instead of %s",
+                     st.get("world"), self.world, self.accumulation, st.get("accumulation"))
 
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning installed its own handlers (its teardown puts back what was there)
@@ -194,11 +207,9 @@ class Malleable(Contract, pl.Callback):
                  self.accumulation, self.global_batch)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        # Forward only.  A run restored at the last step of an epoch trains the next epoch's data
-        # (Contract.batch_sampler) in Lightning's rerun of the restored one, so the data may stand
-        # an epoch (or, after more such restores, more) ahead of Lightning's count; Lightning's
-        # epochs that follow are then empty until its count catches up.  Going back to its count
-        # would train an epoch twice.
+        # Forward only: a guard.  on_load_checkpoint sets Lightning's epoch to the data's, and a
+        # restore at an epoch's last step moves both on (Contract.batch_sampler; Lightning's own
+        # reset); were Lightning's count ever behind, going back to it would train an epoch twice.
         if trainer.current_epoch > self.epoch:
             self.epoch, self.in_epoch = trainer.current_epoch, 0
 
