@@ -161,19 +161,17 @@ class Contract:
         global batch, times the world size (DDP averages the ranks' gradients)."""
         return n * self.world / self.global_batch
 
-    def batch_sampler(self, dataset_len: int, *, every_rank: bool = False, whole_epoch: bool = False,
-                      last_epoch: int | None = None) -> BatchPlan:
+    def batch_sampler(self, dataset_len: int, *, every_rank: bool = False, whole_epoch: bool = False) -> BatchPlan:
         """A DataLoader ``batch_sampler`` over the steps left in the current epoch (from
         ``epoch``/``in_epoch`` as they stand when it is iterated): this rank's micro-batches, or
         (``every_rank``) all of them in the order Accelerate's ``prepare`` deals them out.
         ``len``: the micro-batches left, or (``whole_epoch``) those of the whole epoch, which is
         what Lightning counts its epoch's batches against.  A run restored at the last step of
         an epoch goes on with the next epoch (Lightning builds the loader, and reads it ahead,
-        before it calls any epoch hook; without this its next epoch would be empty and lost) --
-        unless that epoch was ``last_epoch`` (the loop's last: nothing is left to train)."""
+        before it calls any epoch hook; without this its next epoch would be empty and lost)."""
         self.per_epoch = self.steps_per_epoch(dataset_len)
-        if self.in_epoch >= self.per_epoch and (last_epoch is None or self.epoch < last_epoch):
-            self.epoch, self.in_epoch = self.epoch + 1, 0     # restored at an epoch's last step: the next
+        if self.in_epoch >= self.per_epoch:     # restored at the last step of an epoch: the next one
+            self.epoch, self.in_epoch = self.epoch + 1, 0
         return BatchPlan(self, dataset_len, every_rank, whole_epoch)
 
     # ---- the step boundary -----------------------------------------------------------------

@@ -108,10 +108,7 @@ class Malleable(Contract, pl.Callback):
         epoch.  ``kwargs`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...), not
         ``batch_size``, ``shuffle``, ``sampler`` or ``drop_last``: the adapter's plan decides them."""
         kwargs = loader_kwargs(kwargs)
-        epochs = getattr(self._trainer, "max_epochs", None)      # -1 or None: the steps bound the fit
-        last = epochs - 1 if isinstance(epochs, int) and epochs > 0 else None
-        return DataLoader(dataset, batch_sampler=self.batch_sampler(len(dataset), whole_epoch=True, last_epoch=last),
-                          **kwargs)
+        return DataLoader(dataset, batch_sampler=self.batch_sampler(len(dataset), whole_epoch=True), **kwargs)
 
     def resume_from(self) -> str | None:
         """The newest good checkpoint's path (for ``trainer.fit(ckpt_path=...)``), or None.  Each
@@ -207,10 +204,7 @@ class Malleable(Contract, pl.Callback):
                  self.accumulation, self.global_batch)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        # Forward only: a guard.  on_load_checkpoint sets Lightning's epoch to the data's, and a
-        # restore at an epoch's last step moves both on (Contract.batch_sampler; Lightning's own
-        # reset); were Lightning's count ever behind, going back to it would train an epoch twice.
-        if trainer.current_epoch > self.epoch:
+        if trainer.current_epoch != self.epoch:
             self.epoch, self.in_epoch = trainer.current_epoch, 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
