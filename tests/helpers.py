@@ -319,13 +319,44 @@ def reap_launched() -> None:
             kill_tree(p)
 
 
-def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), metrics=None):
+def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), metrics=None, freeze_at=None):
     """An example training script (``<directory>/<script>``) under the torchrun wrapper on this
-    host: ``epochs`` epochs, its model to ``<tmp>/<name>.pt``."""
+    host: ``epochs`` epochs, its model to ``<tmp>/<name>.pt``; with ``freeze_at``, its last rank
+    freezes after that optimizer step (tests/fixtures/freeze_at.py, :func:`kill_frozen_worker`)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": root, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun([os.path.join(directory, script), "--epochs", str(epochs), "--out",
-                     str(tmp / f"{name}.pt"), *extra], procs, env=env)
+    return torchrun([*frozen_at(freeze_at, env), os.path.join(directory, script), "--epochs", str(epochs),
+                     "--out", str(tmp / f"{name}.pt"), *extra], procs, env=env)
+
+
+def frozen_at(step, env: dict) -> list[str]:
+    """The argv prefix (and, into ``env``, the setting) that runs a training script under
+    tests/fixtures/freeze_at.py, its last rank frozen after optimizer step ``step``; nothing for
+    ``None``."""
+    if step is None:
+        return []
+    env["MALLETRAIN_TEST_FREEZE_AT"] = str(step)
+    return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "freeze_at.py")]
+
+
+def kill_frozen_worker(marker: str, timeout_s: float = 120) -> int:
+    """SIGKILL the worker (command line holding ``marker``) that froze itself under
+    tests/fixtures/freeze_at.py, once it has: a kill -9 at a known step instead of a race between
+    the test's polling and the run's last steps (a loaded CI machine once let a run finish
+    between the two).  Returns its pid."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for pid in worker_pids(marker):
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state == "T":
+                os.kill(pid, signal.SIGKILL)
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no worker of {marker!r} froze in {timeout_s} s")
 
 
 def param_diff(a, b):

@@ -11,7 +11,7 @@ import shutil
 import signal
 
 import pytest
-from helpers import finished, launch_example, param_diff, progress_records, wait_step, worker_pids
+from helpers import finished, kill_frozen_worker, launch_example, param_diff, progress_records, wait_step, worker_pids
 
 pytestmark = pytest.mark.torch
 
@@ -24,8 +24,8 @@ DIR = os.path.join(ROOT, "examples", "train", "accelerate")
 ROUNDING_BOUND = 1e-4
 
 
-def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
-    return launch_example(DIR, script, procs, tmp, name, epochs, extra=extra, metrics=metrics)
+def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None, freeze_at=None):
+    return launch_example(DIR, script, procs, tmp, name, epochs, extra=extra, metrics=metrics, freeze_at=freeze_at)
 
 
 @pytest.mark.slow
@@ -58,12 +58,10 @@ def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path
     assert (saved / "malletrain-complete.json").is_file()
     shutil.copytree(saved, tmp_path / "ck" / "step-999")             # newer, but its save did not finish:
     (tmp_path / "ck" / "step-999" / "model.safetensors").write_bytes(b"half")     # it no longer matches
-    # 2 workers from that step; kill -9 of one of them: torchrun exits 137, nothing saved since
-    p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
-    wait_step(metrics, stop["step"] + 8)
-    victims = worker_pids(f"--ckpt {tmp_path / 'ck'}")
-    assert victims
-    os.kill(victims[-1], signal.SIGKILL)
+    # 2 workers from that step; kill -9 of one of them, frozen 3 steps on: torchrun exits 137,
+    # nothing saved since
+    p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics, freeze_at=stop["step"] + 3)
+    kill_frozen_worker(f"--ckpt {tmp_path / 'ck'}")
     rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
     # 1 worker finishes from the checkpoint of the SIGTERM

@@ -10,7 +10,7 @@ import shutil
 import signal
 
 import pytest
-from helpers import finished, progress_records, torchrun, wait_step, worker_pids
+from helpers import finished, frozen_at, kill_frozen_worker, progress_records, torchrun, wait_step, worker_pids
 
 pytestmark = pytest.mark.torch
 
@@ -23,10 +23,10 @@ STEPS = 11                  # a global batch of 120 from the 1,400 samples: 11 s
 ROUNDING_BOUND = 1e-3
 
 
-def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=()):
+def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=(), freeze_at=None):
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun([os.path.join(DIR, script), "--epochs", str(epochs), "--out", str(tmp / name),
-                     "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
+    return torchrun([*frozen_at(freeze_at, env), os.path.join(DIR, script), "--epochs", str(epochs),
+                     "--out", str(tmp / name), "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
 
 
 
@@ -58,13 +58,10 @@ def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     # a newer checkpoint left half-written (no manifest: the save did not finish)
     shutil.copytree(saved, run / "checkpoint-999")
     os.unlink(run / "checkpoint-999" / "malletrain-complete.json")
-    # 2 workers from the saved step; kill -9 of one of them: torchrun exits 137
-    p = _run("train_malleable.py", 2, tmp_path, "out", epochs, metrics=metrics)
-    wait_step(metrics, stop["step"] + 5)
+    # 2 workers from the saved step; kill -9 of one of them, frozen 3 steps on: torchrun exits 137
+    p = _run("train_malleable.py", 2, tmp_path, "out", epochs, metrics=metrics, freeze_at=stop["step"] + 3)
+    kill_frozen_worker(f"--out-dir {run}")
     assert not (run / "checkpoint-999").exists() and (run / "corrupt-checkpoint-999").is_dir()
-    victims = worker_pids(f"--out-dir {run}")
-    assert victims
-    os.kill(victims[-1], signal.SIGKILL)
     rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
     # 1 worker finishes from the SIGTERM's checkpoint

@@ -10,7 +10,16 @@ import signal
 import subprocess
 
 import pytest
-from helpers import finished, launch_example, param_diff, progress_records, torchrun, wait_step, worker_pids
+from helpers import (
+    finished,
+    kill_frozen_worker,
+    launch_example,
+    param_diff,
+    progress_records,
+    torchrun,
+    wait_step,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.torch
 
@@ -22,8 +31,8 @@ DIR = os.path.join(ROOT, "examples", "train", "lightning")
 ROUNDING_BOUND = 1e-4
 
 
-def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None):
-    return launch_example(DIR, script, procs, tmp, name, epochs, extra=extra, metrics=metrics)
+def _run(script, procs, tmp, name, epochs, *, extra=(), metrics=None, freeze_at=None):
+    return launch_example(DIR, script, procs, tmp, name, epochs, extra=extra, metrics=metrics, freeze_at=freeze_at)
 
 
 @pytest.mark.slow
@@ -45,11 +54,8 @@ def test_lightning_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path
     assert stop["step"] % 5, "the stop should fall inside an epoch"
     assert any(r["event"] == "checkpoint" and r["step"] == stop["step"] for r in progress_records(metrics))
     # 2 workers from that step; kill -9 of one of them: torchrun exits 137, nothing saved since
-    p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics)
-    wait_step(metrics, stop["step"] + 8)
-    victims = worker_pids(f"--ckpt {tmp_path / 'ck'}")
-    assert victims
-    os.kill(victims[-1], signal.SIGKILL)
+    p = _run("train_malleable.py", 2, tmp_path, "out", epochs, extra=ckpt, metrics=metrics, freeze_at=stop["step"] + 3)
+    kill_frozen_worker(f"--ckpt {tmp_path / 'ck'}")
     rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
     # 1 worker finishes from the checkpoint of the SIGTERM
