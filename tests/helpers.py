@@ -322,7 +322,7 @@ def reap_launched() -> None:
 def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), metrics=None, freeze_at=None):
     """An example training script (``<directory>/<script>``) under the torchrun wrapper on this
     host: ``epochs`` epochs, its model to ``<tmp>/<name>.pt``; with ``freeze_at``, its last rank
-    freezes after that optimizer step (tests/fixtures/freeze_at.py, :func:`kill_frozen_worker`)."""
+    freezes after that optimizer step (tests/fixtures/at_step.py, :func:`kill_frozen_worker`)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": root, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
     return torchrun([*frozen_at(freeze_at, env), os.path.join(directory, script), "--epochs", str(epochs),
@@ -331,17 +331,17 @@ def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), met
 
 def frozen_at(step, env: dict) -> list[str]:
     """The argv prefix (and, into ``env``, the setting) that runs a training script under
-    tests/fixtures/freeze_at.py, its last rank frozen after optimizer step ``step``; nothing for
+    tests/fixtures/at_step.py, its last rank frozen after optimizer step ``step``; nothing for
     ``None``."""
     if step is None:
         return []
     env["MALLETRAIN_TEST_FREEZE_AT"] = str(step)
-    return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "freeze_at.py")]
+    return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "at_step.py")]
 
 
 def kill_frozen_worker(marker: str, timeout_s: float = 120) -> int:
     """SIGKILL the worker (command line holding ``marker``) that froze itself under
-    tests/fixtures/freeze_at.py, once it has: a kill -9 at a known step instead of a race between
+    tests/fixtures/at_step.py, once it has: a kill -9 at a known step instead of a race between
     the test's polling and the run's last steps (a loaded CI machine once let a run finish
     between the two).  Returns its pid."""
     deadline = time.time() + timeout_s

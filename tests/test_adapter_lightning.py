@@ -74,14 +74,15 @@ def test_lightning_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path
 @pytest.mark.slow
 def test_lightning_restored_at_epoch_ends_trains_every_epoch_once(tmp_path):
     """Stops that fall on an epoch's last step, where Lightning's own loop counters go wrong: it
-    reruns or skips the restored epoch, and after one such restore it never counts that run's
-    first epoch as begun, so a later restore finds totals that do not add up.  The adapter once
-    trusted them: an epoch trained twice (CI saw 505 steps of 500), an epoch past the end after a
-    stop at the last step, and with another world size one step trained on a quarter of its
-    batch.  It now rewrites them from its own position on every load.  Stops after steps 10, 15,
-    20 and 30 of 30 (6 epochs of 5 steps) on 2, 1, 2 and 1 workers, then the rest on 1: every
-    step once, the parameters of an uninterrupted run to float rounding (before: 35 steps, or 30
-    steps 1.6e-2 away)."""
+    reruns or skips the restored epoch, skips its validation, and after one such restore it
+    never counts that run's first epoch as begun, so a later restore finds totals that do not add
+    up.  The adapter once trusted them: an epoch trained twice (CI saw 505 steps of 500), an
+    epoch past the end after a stop at the last step, with another world size one step trained
+    on a quarter of its batch, and no validation report for an epoch stopped at its last step.
+    It now rewrites them from its own position on every load.  Stops after steps 10, 15, 20 and
+    30 of 30 (6 epochs of 5 steps) on 2, 1, 2 and 1 workers, then the rest on 1: every step
+    once, every epoch validated once, the parameters of an uninterrupted run to float rounding
+    (before: 35 steps, or 30 steps 1.6e-2 away; no report at 10, 20 and 30)."""
     epochs = 6
     script = os.path.join(ROOT, "tests", "fixtures", "lightning_stop_at.py")
 
@@ -91,7 +92,7 @@ def test_lightning_restored_at_epoch_ends_trains_every_epoch_once(tmp_path):
                **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
         return finished(torchrun([script, "--epochs", str(epochs), "--out", str(tmp_path / f"{name}.pt"),
                                   "--ckpt", str(tmp_path / ckpt)], procs, env=env))
-    rc, _, err = run("straight", 1, ckpt="ck1")
+    rc, _, err = run("straight", 1, ckpt="ck1", metrics=str(tmp_path / "straight.jsonl"))
     assert rc == 0, err[-3000:]
     metrics = str(tmp_path / "m.jsonl")
     for procs, stop in ((2, 10), (1, 15), (2, 20), (1, 30)):
@@ -105,6 +106,15 @@ def test_lightning_restored_at_epoch_ends_trains_every_epoch_once(tmp_path):
         ("start", 2, 15, None), ("exit", 2, 20, "signal"), ("start", 1, 20, None), ("exit", 1, 30, "signal"),
         ("start", 1, 30, None), ("exit", 1, 30, "done")]
     assert param_diff(tmp_path / "straight.pt", tmp_path / "out.pt") < ROUNDING_BOUND
+    # every epoch validated once, those stopped at their last step by the run that resumed them
+    # (before: no report at 10, 20 and 30: a pruner's rung, a study's final value, lost), with
+    # the uninterrupted run's accuracy (to one of the 397 validation samples: float rounding)
+    straight = {r["step"]: r["value"] for r in progress_records(str(tmp_path / "straight.jsonl"))
+                if r["event"] == "metric"}
+    reports = [(r["step"], r["world"], r["value"]) for r in recs if r["event"] == "metric"]
+    assert [(step, world) for step, world, _ in reports] == [(5, 2), (10, 1), (15, 2), (20, 1), (25, 1), (30, 1)]
+    assert sorted(straight) == [5, 10, 15, 20, 25, 30]
+    assert all(abs(value - straight[step]) < 1 / 397 for step, _, value in reports)
 
 
 @pytest.mark.slow

@@ -182,9 +182,26 @@ class Malleable(Contract, pl.Callback):
         begun = {"ready": epoch + 1, "started": epoch + 1, "processed": epoch, "completed": epoch}
         loops["epoch_progress"] = {"total": dict(begun), "current": dict(begun)}
         total = max(done, int(loops["epoch_loop.batch_progress"]["total"].get("processed", 0)))
+        # saved at a batch end: the last micro-batch processed, not yet completed
+        end = 1
+        if last:
+            # Saved at the epoch's last batch, so before the epoch's validation (which Lightning
+            # runs after it): resumed as "restarted on the last batch, in the middle of the
+            # validation", Lightning runs the validation first (its report, a rung of a pruner)
+            # and then ends the epoch; as saved at a batch end it would skip it.
+            end = 0
+            val = loops.get("epoch_loop.val_loop.batch_progress")
+            seen = val.get("total", {}).get("completed", 0) if isinstance(val, dict) else 0
+            seen = seen if isinstance(seen, int) and seen >= 0 else 0
+            loops["epoch_loop.val_loop.batch_progress"] = {
+                "total": {"ready": seen + 1, "started": seen + 1, "processed": seen, "completed": seen},
+                "current": {"ready": 1, "started": 1, "processed": 0, "completed": 0}, "is_last_batch": False}
+            stepped = loops.get("epoch_loop.state_dict")
+            if isinstance(stepped, dict) and isinstance(stepped.get("_batches_that_stepped"), int):
+                stepped["_batches_that_stepped"] += 1       # Lightning adds it on a batch-end restore
         loops["epoch_loop.batch_progress"] = {
-            "total": {"ready": total, "started": total, "processed": total, "completed": total - 1},
-            "current": {"ready": done, "started": done, "processed": done, "completed": done - 1},
+            "total": {"ready": total, "started": total, "processed": total, "completed": total - end},
+            "current": {"ready": done, "started": done, "processed": done, "completed": done - end},
             "is_last_batch": last}
         if st.get("accumulation") != self.accumulation:
             log.info("checkpoint of %d process(es) loaded on %d: %d micro-batch(es) a step instead of %s",
