@@ -325,17 +325,19 @@ def launch_example(directory, script, procs, tmp, name, epochs, *, extra=(), met
     freezes after that optimizer step (tests/fixtures/at_step.py, :func:`kill_frozen_worker`)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": root, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun([*frozen_at(freeze_at, env), os.path.join(directory, script), "--epochs", str(epochs),
+    return torchrun([*at_step(env, freeze_at=freeze_at), os.path.join(directory, script), "--epochs", str(epochs),
                      "--out", str(tmp / f"{name}.pt"), *extra], procs, env=env)
 
 
-def frozen_at(step, env: dict) -> list[str]:
-    """The argv prefix (and, into ``env``, the setting) that runs a training script under
-    tests/fixtures/at_step.py, its last rank frozen after optimizer step ``step``; nothing for
-    ``None``."""
-    if step is None:
+def at_step(env: dict, *, freeze_at=None, stop_at=None) -> list[str]:
+    """The argv prefix (and, into ``env``, the settings) that runs a training script under
+    tests/fixtures/at_step.py: its last rank frozen after optimizer step ``freeze_at``, a stop at
+    step ``stop_at``; nothing when neither is given."""
+    if freeze_at is None and stop_at is None:
         return []
-    env["MALLETRAIN_TEST_FREEZE_AT"] = str(step)
+    for var, step in (("MALLETRAIN_TEST_FREEZE_AT", freeze_at), ("MALLETRAIN_TEST_STOP_AT", stop_at)):
+        if step is not None:
+            env[var] = str(step)
     return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "at_step.py")]
 
 

@@ -10,7 +10,7 @@ import shutil
 import signal
 
 import pytest
-from helpers import finished, frozen_at, kill_frozen_worker, progress_records, torchrun, wait_step, worker_pids
+from helpers import at_step, finished, kill_frozen_worker, progress_records, torchrun, wait_step, worker_pids
 
 pytestmark = pytest.mark.torch
 
@@ -23,10 +23,11 @@ STEPS = 11                  # a global batch of 120 from the 1,400 samples: 11 s
 ROUNDING_BOUND = 1e-3
 
 
-def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=(), freeze_at=None):
+def _run(script, procs, tmp, name, epochs, *, metrics=None, extra=(), freeze_at=None, stop_at=None):
     env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-    return torchrun([*frozen_at(freeze_at, env), os.path.join(DIR, script), "--epochs", str(epochs),
-                     "--out", str(tmp / name), "--out-dir", str(tmp / f"{name}-run"), *extra], procs, env=env)
+    return torchrun([*at_step(env, freeze_at=freeze_at, stop_at=stop_at), os.path.join(DIR, script),
+                     "--epochs", str(epochs), "--out", str(tmp / name), "--out-dir", str(tmp / f"{name}-run"), *extra],
+                    procs, env=env)
 
 
 
@@ -64,16 +65,21 @@ def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     assert not (run / "checkpoint-999").exists() and (run / "corrupt-checkpoint-999").is_dir()
     rc, _, err = finished(p)
     assert rc == 128 + signal.SIGKILL, err[-3000:]
-    # 1 worker finishes from the SIGTERM's checkpoint
+    # 1 worker from the SIGTERM's checkpoint, stopped on the last step of the third epoch: it
+    # evaluates that epoch before it saves (the Trainer evaluates after the epoch's end, which a
+    # stop never reaches, and the resumed run starts the next epoch: before, that report was
+    # lost); then 1 worker finishes
+    rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "out", epochs, metrics=metrics, stop_at=3 * STEPS))
+    assert rc == 3, err[-3000:]
     rc, _, err = finished(_run("train_malleable.py", 1, tmp_path, "out", epochs, metrics=metrics))
     assert rc == 0, err[-3000:]
     recs = progress_records(metrics)
     starts = [r for r in recs if r["event"] == "start"]
-    assert [r["world"] for r in starts] == [3, 2, 1]
-    assert [r["step"] for r in starts] == [0, stop["step"], stop["step"]]
+    assert [r["world"] for r in starts] == [3, 2, 1, 1]
+    assert [r["step"] for r in starts] == [0, stop["step"], stop["step"], 3 * STEPS]
     assert recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done" and recs[-1]["step"] == STEPS * epochs
     evals = [r["step"] for r in recs if r["event"] == "metric" and r["world"] == 1]
-    assert evals == list(range(STEPS * (stop["step"] // STEPS + 1), STEPS * epochs + 1, STEPS))
+    assert evals == list(range(STEPS * (stop["step"] // STEPS + 1), STEPS * epochs + 1, STEPS))   # each once
     assert _diff(tmp_path / "straight1", tmp_path / "out") < ROUNDING_BOUND
 
 

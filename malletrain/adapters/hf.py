@@ -18,6 +18,10 @@ in a few lines (README, "Bring your own Hugging Face script")::
   and every rank leaves with ``SystemExit(3)`` (the script's code after ``train()`` never runs
   as if the work were done), so that the batch script requeues the job.  A campaign's pruned
   trial exits 0 the same way; ``checkpoint_every_s`` asks for a save without a stop.
+* *An epoch stopped at its last step is never evaluated* (``eval_strategy="epoch"``: the
+  Trainer evaluates after the epoch's end, and the resumed run starts the next epoch).  On such a
+  stop the adapter asks for the evaluation before the save, when it fits the stop's time
+  (:meth:`Malleable._evaluate_before_leaving`).
 * *Its checkpoints are not atomic* (files written in place, one by one).
   :meth:`Malleable.resume_from` names the newest ``checkpoint-<step>`` whose manifest matches
   every file; newer ones, left half-written by a kill, are set aside (``corrupt-checkpoint-<step>``).
@@ -167,10 +171,34 @@ class Malleable(Contract, TrainerCallback):
             self.stopped = "signal"
             control.should_save = control.should_training_stop = True
             self._leaving = 3
+            if self._evaluate_before_leaving(args, state):
+                control.should_evaluate = True      # the Trainer evaluates before it saves
         elif flags[CKPT] > 0:
             control.should_save = True
         if control.should_save:
             self._save_asked = time.perf_counter()
+
+    def _evaluate_before_leaving(self, args, state) -> bool:
+        """A stop on an epoch's last step under ``eval_strategy="epoch"``: the Trainer evaluates
+        after ``on_epoch_end``, which a stop never reaches, and the run resumed at the epoch's
+        end starts the next epoch, so that epoch's evaluation (a pruner's rung, a study's final
+        value) would never be reported.  It runs before the save when the last one took at most
+        half the time the stop may take (a quarter of the grace time; every rank's longest, one
+        all-reduce) or none was timed yet; else the report is lost and the log says so."""
+        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+        epoch = state.epoch
+        if strategy != "epoch" or not epoch or epoch != int(epoch):
+            return False
+        runtimes = [h["eval_runtime"] for h in state.log_history
+                    if isinstance(h, dict) and isinstance(h.get("eval_runtime"), (int, float))]
+        took = torch.tensor([float(runtimes[-1]) if runtimes else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        if took.item() <= self.stop.deadline_s / 2:
+            return True
+        log.warning("stopped at the end of epoch %d: its evaluation (%.1f s last time) does not fit the stop's "
+                    "time (%.1f s); it is not reported", int(epoch), took.item(), self.stop.deadline_s)
+        return False
 
     def on_save(self, args, state, control, **kwargs) -> None:
         """The Trainer wrote ``checkpoint-<step>``: every rank's files are in (a barrier), rank 0
