@@ -64,6 +64,20 @@ log = logging.getLogger("malletrain.adapters.lightning")
 STATE_KEY = "malletrain"
 
 
+def _validates(trainer, epoch: int) -> bool:
+    """Whether Lightning validates after the last batch of ``epoch``: a validation loop, an
+    epoch that ``check_val_every_n_epoch`` names, and validation at each epoch's end
+    (``val_check_interval`` 1.0, the default).  Anything else (validation every so many
+    batches or seconds) is taken as no: the report may then be lost, never the training."""
+    every = getattr(trainer, "check_val_every_n_epoch", None)
+    try:
+        enabled = bool(trainer.enable_validation)
+    except (AttributeError, TypeError):
+        return False
+    return (enabled and isinstance(every, int) and every > 0 and (epoch + 1) % every == 0
+            and getattr(trainer, "val_check_interval", None) == 1.0)
+
+
 class Malleable(Contract, pl.Callback):
     """The Lightning side of the contract (module docstring).  Create it before the ``Trainer``
     (torchrun's ``RANK``/``WORLD_SIZE`` say where this process stands; without torchrun: one
@@ -184,11 +198,12 @@ class Malleable(Contract, pl.Callback):
         total = max(done, int(loops["epoch_loop.batch_progress"]["total"].get("processed", 0)))
         # saved at a batch end: the last micro-batch processed, not yet completed
         end = 1
-        if last:
+        if last and _validates(trainer, epoch):
             # Saved at the epoch's last batch, so before the epoch's validation (which Lightning
             # runs after it): resumed as "restarted on the last batch, in the middle of the
             # validation", Lightning runs the validation first (its report, a rung of a pruner)
-            # and then ends the epoch; as saved at a batch end it would skip it.
+            # and then ends the epoch; as saved at a batch end it would skip it.  (Only for an
+            # epoch that validates: without a validation to run, Lightning trains on from there.)
             end = 0
             val = loops.get("epoch_loop.val_loop.batch_progress")
             seen = val.get("total", {}).get("completed", 0) if isinstance(val, dict) else 0
