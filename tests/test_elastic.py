@@ -242,7 +242,9 @@ def test_a_superseded_generation_stops_without_a_checkpoint(tmp_path):
     from malletrain.runtime import membership
     from malletrain.runtime.checkpoint import CheckpointStore
     from malletrain.runtime.reference import loss_fn
-    rt, model, opt, sched, data = _runtime(tmp_path, checkpoint_every_steps=2)
+    # the periodic checkpoint written in the foreground: the store is read right after step 3,
+    # and a background write of step 2 may not have finished then (CI saw [] once)
+    rt, model, opt, sched, data = _runtime(tmp_path, checkpoint_every_steps=2, background_checkpoints=False)
     rt.prepare(model, opt, sched, data=data)
     for _ in range(3):
         rt.train_step(loss_fn)
