@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 from helpers import (
+    at_step,
     finished,
     kill_frozen_worker,
     launch_example,
@@ -84,14 +85,14 @@ def test_lightning_restored_at_epoch_ends_trains_every_epoch_once(tmp_path):
     the rest on 1: every step once, every validation once, the parameters of an uninterrupted run
     to float rounding (before: 35 steps, or 30 steps 1.6e-2 away; no report at 10, 20 and 30)."""
     epochs = 6
-    script = os.path.join(ROOT, "tests", "fixtures", "lightning_stop_at.py")
+    script = os.path.join(ROOT, "tests", "fixtures", "lightning_val_every.py")
 
     def run(name, procs, stop_at=None, ckpt="ck", metrics=None):
         env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, "MALLETRAIN_TEST_VAL_EVERY": "2",
-               **({"MALLETRAIN_TEST_STOP_AT": str(stop_at)} if stop_at else {}),
                **({"MALLETRAIN_METRICS": metrics} if metrics else {})}
-        return finished(torchrun([script, "--epochs", str(epochs), "--out", str(tmp_path / f"{name}.pt"),
-                                  "--ckpt", str(tmp_path / ckpt)], procs, env=env))
+        return finished(torchrun([*at_step(env, stop_at=stop_at), script, "--epochs", str(epochs),
+                                  "--out", str(tmp_path / f"{name}.pt"), "--ckpt", str(tmp_path / ckpt)],
+                                 procs, env=env))
     rc, _, err = run("straight", 1, ckpt="ck1", metrics=str(tmp_path / "straight.jsonl"))
     assert rc == 0, err[-3000:]
     metrics = str(tmp_path / "m.jsonl")
