@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from malletrain.milp import JobChoice, Option, Problem, allocate, evaluate
+from malletrain.milp import JobChoice, Option, Problem, allocate, evaluate, mck
 from malletrain.milp.bftrainer import solve_per_node
 from malletrain.milp.count import solve_count_milp
 from malletrain.milp.greedy import solve_greedy
@@ -59,6 +59,62 @@ def test_knapsack_dp_reaches_the_milp_optimum_randomized():
                 proven += 1
                 assert dp.objective == pytest.approx(milp.objective, rel=1e-7, abs=1e-6)
     assert proven >= 100  # a loaded machine may let CBC stop early once in a while
+
+
+def reference_mck(p):
+    """The knapsack DP written out scalar by scalar: every capacity of every table, every option
+    that beats each smaller one, the choice walked back with the current size first, then no
+    nodes, then the smallest size that reproduces the table."""
+    (ntype, cap), = p.capacity.items()
+    jobs = sorted(p.jobs, key=lambda j: max(o.size for o in j.options))
+    cap = min(cap, sum(max(o.size for o in j.options) for j in jobs))
+    tables, kept, base = [[0.0] * (cap + 1)], [], 0.0
+    for j in jobs:
+        v0 = j.value_of(0)
+        base += v0
+        gains, best = {}, 0.0
+        for o in sorted(j.options):
+            if 0 < o.size <= cap and o.value - v0 > best:
+                best = gains[o.size] = o.value - v0
+        kept.append(gains)
+        dp = tables[-1]
+        tables.append([max([dp[c]] + [dp[c - s] + g for s, g in gains.items() if s <= c])
+                       for c in range(cap + 1)])
+    sizes, c = {}, cap
+    for idx in range(len(jobs) - 1, -1, -1):
+        j, gains, dp, target = jobs[idx], kept[idx], tables[idx], tables[idx + 1][c]
+        cur = j.current_size
+        if 0 < cur <= c and cur in gains and dp[c - cur] + gains[cur] == target:
+            pick = cur
+        elif dp[c] == target:
+            pick = 0
+        else:
+            pick = min(s for s, g in gains.items() if s <= c and dp[c - s] + g == target)
+        sizes[j.job_id] = (ntype, pick) if pick else (None, 0)
+        c -= pick
+    return sizes, tables[-1][cap] + base
+
+
+def test_vectorised_knapsack_dp_is_the_scalar_dp_bit_for_bit():
+    """The DP applies a job's options in blocks over strided windows and computes each table only
+    where it is read: the same sizes and the bitwise same objective as the plain DP, with ties
+    (integer values), dominated options, sizes beyond the capacity, and blocks cut small."""
+    rng = random.Random(2026)
+    for _ in range(400):
+        jobs = []
+        for i in range(rng.randint(0, 7)):
+            sizes = sorted(rng.sample(range(1, 30), rng.randint(1, 9)))
+            whole = rng.random() < 0.6          # whole-number values: ties the walk back must break
+            v = (lambda s: float(rng.randint(0, 3) + s // 4)) if whole else (lambda s: rng.uniform(-10, 90))
+            opts = [Option(0, 0.0 if whole else rng.uniform(-5.0, 5.0))] + [Option(s, v(s)) for s in sizes]
+            rng.shuffle(opts)
+            jobs.append(JobChoice(f"j{i}", tuple(opts), ("gpu",), rng.choice([0] + sizes)))
+        p = Problem(tuple(jobs), {"gpu": rng.randint(0, 60)})
+        want_sizes, want_objective = reference_mck(p)
+        for block in (mck.BLOCK_ELEMENTS, rng.randint(1, 60)):
+            got = solve_mck(p, block=block)
+            assert got.sizes == want_sizes
+            assert got.objective == want_objective      # bitwise: the same additions, exact maxima
 
 
 def test_cbc_gets_no_thread_count_of_one():

@@ -259,25 +259,26 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
     sums = free.sums if free is not None else None
     last = len(sums) - 1 if sums is not None else 0
     down, taken = cost.down_s, cost.taken_pause_s
+    exp, append = math.exp, out.append
     for n in sorted(set(sizes)):
         if n <= 0:
             continue
-        pause = up if n > c else down if n < c else 0.0
         t = rate(n)
         if n <= c:
+            pause = down if n < c else 0.0
             count, log_stay = own[n]
         else:
+            pause = up
             k = n - c           # FreeOrder.take(k), inline
             if sums is not None:
-                m = min(k, last)
+                m = k if k < last else last
                 f, lk = sums[m]
-                fk = f + (k - m)
+                count, log_stay = own_f + (f + (k - m)), own_log + lk
             else:
-                fk, lk = float(k), 0.0
-            count, log_stay = own_f + fk, own_log + lk
+                count, log_stay = own_f + float(k), own_log + 0.0
         work = h * (rate(count) if count < n - 1e-9 else t)
-        preempted = 1.0 - math.exp(log_stay)       # P(some node of A is taken back within H)
-        out.append(Option(n, weight * (work - t * (pause + taken * preempted))))
+        # 1 - exp(log_stay): P(some node of A is taken back within H)
+        append(Option(n, weight * (work - t * (pause + taken * (1.0 - exp(log_stay))))))
     return tuple(out)
 
 
