@@ -70,6 +70,37 @@ def test_a_run_stops_at_the_target_and_is_deterministic(table):
     assert (a.reached_s, a.asked, a.pruned, a.best) == (b.reached_s, b.asked, b.pruned, b.best)
 
 
+def test_first_seed_runs_the_same_runs_as_within_a_longer_series(table, monkeypatch, capsys):
+    """``--first-seed 5 --seeds 2`` runs seeds 5 and 6; a run does not depend on the runs before it
+    in the series (so more seeds can be added later without running the first ones again)."""
+    from malletrain.bench import campaign as bc
+    from malletrain.cli.main import main
+    from malletrain.replay import traces
+    trace = _trace(hours=12.0)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=-100.0)
+    alone = run_campaign(trace, table, "asha", 6, setup)
+    run_campaign(trace, table, "asha", 5, setup)
+    after = run_campaign(trace, table, "asha", 6, setup)
+    assert (alone.asked, alone.pruned, alone.completed, alone.node_h) == (
+        after.asked, after.pruned, after.completed, after.node_h)
+    seeds = []
+
+    def fake_run(trace, table, mode, seed, setup, **kw):
+        seeds.append((mode, seed))
+        return bc.CampaignOutcome(mode, seed, reached_s=3600.0 * (seed + 1), span_s=86400.0)
+    monkeypatch.setattr(bc, "run_campaign", fake_run)
+    monkeypatch.setattr(traces, "load_trace", lambda *a, **k: trace)
+    monkeypatch.setattr(nas, "load_table", lambda: table)
+    assert main(["bench", "campaign", "--trace", "t.csv", "--modes", "asha", "--first-seed", "5",
+                 "--seeds", "2", "--json"]) == 0
+    assert seeds == [("asha", 5), ("asha", 6)]
+    import json
+    assert json.loads(capsys.readouterr().out)["first_seed"] == 5
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "campaign", "--trace", "t.csv", "--first-seed", "-1"])
+    assert exc.value.code == 2
+
+
 def test_promise_mode_hands_the_rungs_to_the_core(table, monkeypatch):
     from malletrain.replay import sim as simmod
     seen = []

@@ -191,8 +191,10 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
 
 def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, seeds: int = 3, nodes: int | None = None,
                    start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
-                   interval_s: float = 30.0, progress: bool = True) -> Report:
-    """Every mode over ``seeds`` seeds on one trace (module docstring); the figures and ratios."""
+                   interval_s: float = 30.0, progress: bool = True, first_seed: int = 0) -> Report:
+    """Every mode over ``seeds`` seeds (``first_seed`` on) on one trace (module docstring); the
+    figures and ratios.  A run's seed fixes its study, its trials' learning curves and the noise:
+    seeds 5–9 run alone are the same runs as within seeds 0–9."""
     from malletrain.replay.nas import load_table
     from malletrain.replay.traces import load_trace
     trace = load_trace(trace_path, nodes=nodes, start=start, end=end)
@@ -203,7 +205,7 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
              f"{len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"]
     for mode in modes:
         got = []
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             o = run_campaign(trace, table, mode, seed, setup, interval_s=interval_s)
             got.append(o)
             if progress:
@@ -222,7 +224,7 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                      f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
                      f"{statistics.fmean(o.completed for o in got):.0f}")
     lines += _ratios(outcomes)
-    data = {"trace": trace_path, "seeds": seeds, "setup": setup.__dict__,
+    data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "setup": setup.__dict__,
             "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}
                      for got in outcomes.values() for o in got]}
     return Report(data, lines)

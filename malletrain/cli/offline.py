@@ -210,7 +210,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bn.add_argument("--end", type=time_arg, help="replay until TIME")
     bn.add_argument("--modes", default="random-full,asha,asha-promise",
                     help="comma-separated, of random-full, asha, asha-promise, asha-oracle (default: the first three)")
-    bn.add_argument("--seeds", type=positive(int, 100), default=3, metavar="K", help="seeds 0..K-1 (default 3)")
+    bn.add_argument("--seeds", type=positive(int, 100), default=3, metavar="K",
+                    help="K seeds from --first-seed on (default 3: seeds 0..2)")
+    bn.add_argument("--first-seed", type=bounded(int, 0, 10_000), default=0, metavar="N",
+                    help="the first seed (default 0): --first-seed 5 --seeds 5 runs seeds 5..9, the same runs "
+                         "as within --seeds 10")
     bn.add_argument("--max-concurrent", type=positive(int, 10_000), default=64,
                     help="trial jobs queued at once (default 64)")
     bn.add_argument("--max-nodes", type=positive(int, 16), default=4, help="each trial's max_nodes (default 4)")
@@ -294,7 +298,8 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
                           min_resource=args.min_resource, reduction_factor=args.reduction_factor,
                           target_points=args.target)
     bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start, end=args.end,
-                   setup=setup, interval_s=args.interval, progress=not args.json).emit(args.json)
+                   setup=setup, interval_s=args.interval, progress=not args.json,
+                   first_seed=args.first_seed).emit(args.json)
     return 0
 
 
