@@ -9,6 +9,9 @@
 # About 85 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
+# The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
+#   malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 5 --seeds 5
+#       (results/campaign-philly-seeds5-9.txt; with --modes asha-oracle: ...-oracle-seeds5-9.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/env.sh" dev
