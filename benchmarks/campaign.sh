@@ -6,7 +6,7 @@
 # baseline asha-oracle (each trial's exact promise known when it is asked). Prints the time to a
 # trial within 1 point of the table's best and the node-hours spent on pruned trials, per seed,
 # and the ratios.
-# About 85 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
+# About 100 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
 # The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
@@ -24,3 +24,7 @@ run campaign-philly  malletrain bench campaign --trace examples/philly-1day.csv.
     --modes random-full,asha,asha-promise,asha-oracle "$@"
 run campaign-theta   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z --seeds 3 "$@"
+# the same nodes over a week (6,304 idle node-hours against 235 in the two days): ~15 minutes
+run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 \
+    --modes random-full,asha,asha-promise,asha-oracle "$@"
