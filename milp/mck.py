@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from malletrain.milp.problem import Allocation, Problem
+from malletrain.milp.problem import Allocation, JobChoice, Problem
 
 BLOCK_ELEMENTS = 1 << 21       # numbers in one job's block of options (16 MiB of float64)
 
 
-def _gains(options, cap: int) -> tuple[float, list[int], list[float]]:
+def _gains(job: JobChoice, cap: int) -> tuple[float, list[int], list[float]]:
     """(value of size 0, sizes, gains over size 0): the options worth more than every smaller one."""
-    v0 = next(o.value for o in options if o.size == 0)
+    v0 = job.value_of(0)
     sizes, gains, best = [], [], 0.0
-    for s, v in sorted(options):
+    for s, v in sorted(job.options):
         if 0 < s <= cap and v - v0 > best:
             best = v - v0
             sizes.append(s)
@@ -77,7 +77,7 @@ def solve_mck(problem: Problem, block: int = BLOCK_ELEMENTS) -> Allocation:
     tables, chosen_from, base, reach = [first], [], 0.0, 0
     for largest, j in jobs:
         after -= largest
-        v0, sizes, gains = _gains(j.options, cap)
+        v0, sizes, gains = _gains(j, cap)
         base += v0
         chosen_from.append(dict(zip(sizes, gains)))
         table = tables[-1]
