@@ -392,7 +392,14 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
     Why a place and not a size: weighting every size by the promise (tried first) grew promoted
     trials beyond their efficient size and slowed the exploration at the first rungs by about a
     third; on the NAS-Bench-201 campaign replay of the Philly day it reached the target later than
-    plain ASHA (``malletrain bench campaign``; README, "Campaigns")."""
+    plain ASHA (``malletrain bench campaign``; README, "What pruning and promise buy").
+
+    Why the place is bought in the owner's unit (the most any of the owner's jobs gains by
+    running at all) and not the job's own: a trial's samples/s differ by 10× between light and
+    heavy networks, and the heavy ones are most of the good ones.  Scaled by its own rate, a
+    heavy trial's promise bought it nothing against a light trial's rate: in the replay the
+    eventual winner waited hours at its second rung (seed 6: 5.9 h to the target against 3.8 h
+    in the owner's unit)."""
     owner_of = {j.job_id: _owner(j) for j in jobs}
     groups: dict[str, list[JobChoice]] = {}
     for ch in problem.jobs:
@@ -410,7 +417,8 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
         if not cap:
             continue
         mean = sum(ps) / len(ps)
-        scaled = [_promised(ch, p / mean) for ch, p in zip(choices, ps)]
+        unit = max((_first_value(ch) for ch in choices), default=0.0)
+        scaled = [_promised(ch, p / mean, unit) for ch, p in zip(choices, ps)]
         protected = {ch.job_id for ch in scaled if any(o.size == 0 and o.value < 0 for o in ch.options)}
         sub = allocate(Problem(_protect(scaled, protected), {t: cap.get(t, 0) for t in problem.capacity}),
                        method=method, time_limit_s=cfg.time_limit_s)
@@ -427,13 +435,19 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
     return reasons
 
 
-def _promised(ch: JobChoice, w: float) -> JobChoice:
-    """A job's options when its promise is ``w`` times its owner's mean: a job above the mean has
-    the value of running at all (its smallest size) counted ``w`` times, every size the same bonus,
-    so it gets a place before the owner's other jobs but grows no further than its curve pays
-    for; a job at or below the mean keeps its values."""
+def _first_value(ch: JobChoice) -> float:
+    """What running at all (the smallest size) is worth to a job (0 when nothing is)."""
     first = min((o for o in ch.options if o.size), key=lambda o: o.size, default=None)
-    bonus = max(w - 1.0, 0.0) * max(first.value, 0.0) if first is not None else 0.0
+    return max(first.value, 0.0) if first is not None else 0.0
+
+
+def _promised(ch: JobChoice, w: float, unit: float) -> JobChoice:
+    """A job's options when its promise is ``w`` times its owner's mean: a job above the mean
+    gets ``(w − 1)·unit`` added to every size (``unit``: the most any of the owner's jobs gains by
+    running at all), so it gets a place before the owner's less promising jobs, whatever their
+    sample rates, but grows no further than its curve pays for; a job at or below the mean keeps
+    its values."""
+    bonus = max(w - 1.0, 0.0) * unit
     if bonus <= 0.0:
         return ch
     return JobChoice(ch.job_id, tuple(Option(o.size, o.value + bonus) if o.size else o for o in ch.options),
