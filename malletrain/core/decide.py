@@ -395,10 +395,10 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
     plain ASHA (``malletrain bench campaign``; README, "What pruning and promise buy").
 
     Why the place is bought in the owner's unit (the most any of the owner's jobs gains by
-    running at all) and not the job's own: a trial's samples/s differ by 10× between light and
-    heavy networks, and the heavy ones are most of the good ones.  Scaled by its own rate, a
+    running at all) and not the job's own: a trial's samples/s differ up to 6× between light
+    and heavy networks, and the good ones are heavy.  Scaled by its own rate, a
     heavy trial's promise bought it nothing against a light trial's rate: in the replay the
-    eventual winner waited hours at its second rung (seed 6: 5.9 h to the target against 3.8 h
+    eventual winner waited 2.6 h at its second rung (seed 6: 6.1 h to the target against 3.8 h
     in the owner's unit)."""
     owner_of = {j.job_id: _owner(j) for j in jobs}
     groups: dict[str, list[JobChoice]] = {}
