@@ -12,8 +12,8 @@
 # The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
 #   malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 5 --seeds 5
 #       (results/campaign-philly-seeds5-9.txt; with --modes asha-oracle: ...-oracle-seeds5-9.txt)
-# and seeds 10-14 (about 20 minutes), run after cd5042f as a check on seeds the change was not found on:
-#   malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 10 --seeds 5 \
+# and seeds 10-19 (about 40 minutes), run after cd5042f as a check on seeds the change was not found on:
+#   malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 10 --seeds 10 \
 #       --modes random-full,asha,asha-promise,asha-oracle      (results/campaign-philly-promise.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
