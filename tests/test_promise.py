@@ -73,7 +73,6 @@ def test_a_promise_buys_a_place_not_a_size():
     assert sizes(plain) == {"a1": 2, "a2": 2} and sizes(told) == sizes(plain)
 
 
-
 def test_a_slow_trial_buys_its_place_with_its_promise_not_its_sample_rate():
     """Alice's trial a3 trains a heavy network at a tenth of the others' samples/s and survived
     two rungs: its promise gives it a place before her light trials.  (Weighted by its own rate,
@@ -89,6 +88,7 @@ def test_a_slow_trial_buys_its_place_with_its_promise_not_its_sample_rate():
     assert sizes(plain) == {"a1": 1, "a2": 1, "a3": 0, "b": 1}
     assert sizes(told) == {"a1": 1, "a2": 0, "a3": 1, "b": 1}
     assert by_owner(told, jobs) == by_owner(plain, jobs)
+
 
 def test_a_huge_promise_cannot_take_another_users_nodes():
     """Mallory claims the largest promise the reader passes for one job and the smallest for the
