@@ -101,6 +101,32 @@ def test_first_seed_runs_the_same_runs_as_within_a_longer_series(table, monkeypa
     assert exc.value.code == 2
 
 
+def test_the_objective_is_the_cores_for_every_mode(table, monkeypatch, capsys):
+    """``--objective speedup`` replays every mode with the core valuing jobs in node-equivalents
+    (the comparison that tells the promise's gain from the unit's); samples by default."""
+    from malletrain.cli.main import main
+    from malletrain.replay import engine, traces
+    seen = []
+    real = engine.run_replay
+
+    def spy(trace, jobs, opts, driver=None):
+        seen.append(opts.core.objective)
+        return real(trace, jobs, opts, driver)
+    monkeypatch.setattr(engine, "run_replay", spy)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=-100.0)
+    run_campaign(_trace(hours=3.0), table, "asha", 0, setup)
+    monkeypatch.setattr(traces, "load_trace", lambda *a, **k: _trace(hours=3.0))
+    monkeypatch.setattr(nas, "load_table", lambda: table)
+    assert main(["bench", "campaign", "--trace", "t.csv", "--modes", "asha,asha-promise", "--seeds", "1",
+                 "--objective", "speedup", "--max-concurrent", "4", "--max-nodes", "2", "--json"]) == 0
+    assert seen == ["samples", "speedup", "speedup"]
+    import json
+    assert json.loads(capsys.readouterr().out)["objective"] == "speedup"
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "campaign", "--trace", "t.csv", "--objective", "accuracy"])
+    assert exc.value.code == 2
+
+
 def test_promise_mode_hands_the_rungs_to_the_core(table, monkeypatch):
     from malletrain.replay import sim as simmod
     seen = []

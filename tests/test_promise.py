@@ -90,6 +90,25 @@ def test_a_slow_trial_buys_its_place_with_its_promise_not_its_sample_rate():
     assert by_owner(told, jobs) == by_owner(plain, jobs)
 
 
+def test_an_owners_trials_are_compared_in_node_equivalents_not_samples():
+    """Alice's a1 is a light network (1,000 samples/s on a node, scaling poorly), a2 a heavy one
+    (100 samples/s, scaling well), a3 survived two rungs.  By samples/s a1 would take every node
+    a3 leaves; in node-equivalents (each trial's rate over its rate on one node) a2 gets most of
+    them: its samples are not worth less for being fewer."""
+    rates = {"a1": lambda n: 1000.0 * n ** 0.3, "a2": lambda n: 100.0 * n ** 0.9, "a3": lambda n: 100.0 * n}
+    jobs = [job("a1", "alice"), job("a2", "alice"), job("a3", "alice", hi=1)]
+    curves = {j: curve(f) for j, f in rates.items()}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(5)), tuple(jobs))
+    cfg = CoreConfig(policy="oracle")
+    told = decide(snap, curves, cfg, Outlook(promise={"a3": 9.0}))
+    assert sizes(told) == {"a1": 1, "a2": 3, "a3": 1}
+    reasons = {a.job_id: a for a in told.actions}
+    assert reasons["a2"].code is ReasonCode.PROMISE and "node-equivalents" in reasons["a2"].reason
+    # the same jobs under the speedup objective: the re-split gives what the allocation gave
+    unit = CoreConfig(policy="oracle", objective="speedup")
+    assert sizes(decide(snap, curves, unit, Outlook(promise={"a3": 9.0}))) == sizes(told)
+
+
 def test_a_huge_promise_cannot_take_another_users_nodes():
     """Mallory claims the largest promise the reader passes for one job and the smallest for the
     other: her total is what it was, Alice's job keeps every node it had."""

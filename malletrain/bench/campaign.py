@@ -167,8 +167,9 @@ class CampaignDriver:
 
 
 def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSetup, *,
-                 interval_s: float = 30.0, noise: float = 0.05, policy: str = "malletrain") -> CampaignOutcome:
-    """One campaign replay (see the module docstring)."""
+                 interval_s: float = 30.0, noise: float = 0.05, policy: str = "malletrain",
+                 objective: str = "samples") -> CampaignOutcome:
+    """One campaign replay (see the module docstring); ``objective``: the core's, for every mode."""
     import time
 
     from malletrain.domain.config import CoreConfig
@@ -177,7 +178,7 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     wall0 = time.perf_counter()
     driver = CampaignDriver(table, mode, seed, setup, trace.start_s)
-    opts = ReplayOptions(core=CoreConfig(policy=policy, promise=mode in PROMISING),
+    opts = ReplayOptions(core=CoreConfig(policy=policy, promise=mode in PROMISING, objective=objective),
                          interval_s=interval_s, noise=noise, seed=seed, quiet=True)
     result = run_replay(trace, [], opts, driver)
     out = driver.out
@@ -191,7 +192,8 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
 
 def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, seeds: int = 3, nodes: int | None = None,
                    start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
-                   interval_s: float = 30.0, progress: bool = True, first_seed: int = 0) -> Report:
+                   interval_s: float = 30.0, progress: bool = True, first_seed: int = 0,
+                   objective: str = "samples") -> Report:
     """Every mode over ``seeds`` seeds (``first_seed`` on) on one trace (module docstring); the
     figures and ratios.  A run's seed fixes its study, its trials' learning curves and the noise:
     seeds 5–9 run alone are the same runs as within seeds 0–9."""
@@ -202,11 +204,12 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
     outcomes: dict[str, list[CampaignOutcome]] = {}
     lines = [f"NAS-Bench-201 CIFAR-100: best {table.best:.2f}%, {table.within(setup.target_points)} of "
              f"{len(table.cells)} cells within {setup.target_points:g} point; trace {trace_path}: "
-             f"{len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"]
+             f"{len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"
+             + ("" if objective == "samples" else f"; the core's objective: {objective}")]
     for mode in modes:
         got = []
         for seed in range(first_seed, first_seed + seeds):
-            o = run_campaign(trace, table, mode, seed, setup, interval_s=interval_s)
+            o = run_campaign(trace, table, mode, seed, setup, interval_s=interval_s, objective=objective)
             got.append(o)
             if progress:
                 print(f"  {mode:13s} seed {seed}: {_hours(o.reached_s)} to target, best {o.best:.2f}%, "
@@ -224,7 +227,8 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                      f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
                      f"{statistics.fmean(o.completed for o in got):.0f}")
     lines += _ratios(outcomes)
-    data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "setup": setup.__dict__,
+    data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
+            "setup": setup.__dict__,
             "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}
                      for got in outcomes.values() for o in got]}
     return Report(data, lines)

@@ -215,6 +215,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bn.add_argument("--first-seed", type=bounded(int, 0, 10_000), default=0, metavar="N",
                     help="the first seed (default 0): --first-seed 5 --seeds 5 runs seeds 5..9, the same runs "
                          "as within --seeds 10")
+    bn.add_argument("--objective", choices=OBJECTIVES, default="samples",
+                    help="the core's objective for every mode (default samples, the daemon's default): "
+                         "speedup values every job in node-equivalents, as asha-promise values one "
+                         "user's trials among themselves")
     bn.add_argument("--max-concurrent", type=positive(int, 10_000), default=64,
                     help="trial jobs queued at once (default 64)")
     bn.add_argument("--max-nodes", type=positive(int, 16), default=4, help="each trial's max_nodes (default 4)")
@@ -299,7 +303,7 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
                           target_points=args.target)
     bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start, end=args.end,
                    setup=setup, interval_s=args.interval, progress=not args.json,
-                   first_seed=args.first_seed).emit(args.json)
+                   first_seed=args.first_seed, objective=args.objective).emit(args.json)
     return 0
 
 

@@ -21,7 +21,8 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    per-node MILP; ``static``: fixed size, FIFO).
    With ``promise`` on, an owner whose jobs report different promises (campaign trials: how
    many pruning rungs each survived) has the nodes the allocator gave its jobs re-split among
-   them, the more promising jobs first (:func:`_by_promise`); no other owner's count changes.
+   them, valued in node-equivalents, the more promising jobs first (:func:`_by_promise`); no
+   other owner's count changes.
 5. Counts become nodes (:mod:`malletrain.core.placement`: longest predicted
    stays to growing jobs) and every job gets an :class:`Action` with a reason: a
    :class:`ReasonCode` and the detail.
@@ -32,6 +33,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 
 from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
 from malletrain.core.placement import place
@@ -198,13 +200,16 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                                  else _reason(j, n, curves.get(j.job_id), config, Problem((), {}),
                                               _cost(j, outlook)))
     else:
-        problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets)
+        equivalents: dict[str, tuple[Option, ...]] = {}
+        problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets,
+                           _promising_owners(free_jobs, outlook.promise) if config.promise else frozenset(),
+                           equivalents)
         method = "greedy" if config.policy == "greedy" else config.allocator
         alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
         objective, solver = alloc.objective, alloc.solver
         notes.extend(alloc.notes)
         sizes = dict(alloc.sizes)
-        promoted = (_by_promise(problem, sizes, outlook.promise, free_jobs, method, config, notes)
+        promoted = (_by_promise(problem, equivalents, sizes, outlook.promise, free_jobs, method, config, notes)
                     if config.promise and outlook.promise else {})
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
@@ -325,8 +330,13 @@ def _feed_starving(jobs: Sequence[JobState], cap: Counter, now_s: float, cfg: Co
 
 def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter,
              cfg: CoreConfig, pool: Mapping[str, Node], outlook: Outlook, snapshot: Snapshot,
-             targets: Mapping[str, tuple[str | None, int]]) -> Problem:
+             targets: Mapping[str, tuple[str | None, int]], compared: AbstractSet[str] = frozenset(),
+             equivalents: dict[str, tuple[Option, ...]] | None = None) -> Problem:
+    """The allocation problem of ``jobs`` (their options valued by the objective).  The jobs of
+    the owners in ``compared`` are also valued in node-equivalents (the ``speedup`` objective),
+    into ``equivalents``: what :func:`_by_promise` re-splits their owner's nodes by."""
     choices = []
+    as_speedup = replace(cfg, objective="speedup") if compared else cfg
     types = tuple(sorted(t for t in cap if cap[t] > 0)) or tuple(sorted(cap)) or (DEFAULT_NODE_TYPE,)
     stays = outlook.stays
     free = None
@@ -360,6 +370,14 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
             pace = pace_of(j, pool, speeds, s)
         opts = expected_values(j, sizes, rate, _cost(j, outlook), unit_weight(j, rate, cfg),
                                cfg.horizon_s, stays, free, pace)
+        if equivalents is not None and _owner(j) in compared:
+            if cfg.objective != "speedup":
+                rate = unit_rate(j, curve.mean, as_speedup) if curve is not None else _no_rate
+                equivalents[j.job_id] = expected_values(j, sizes, rate, _cost(j, outlook),
+                                                        unit_weight(j, rate, as_speedup), cfg.horizon_s,
+                                                        stays, free, pace)
+            else:
+                equivalents[j.job_id] = opts
         choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
     protected = {j.job_id for j in jobs if protect > 0 and j.nodes and j.last_change_s is not None
                  and snapshot.now_s - j.last_change_s < protect}
@@ -378,28 +396,41 @@ def _protect(choices: Sequence[JobChoice], protected: AbstractSet[str]) -> tuple
                  for ch in choices)
 
 
-def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], promise: Mapping[str, float],
+def _promising_owners(jobs: Sequence[JobState], promise: Mapping[str, float]) -> frozenset[str]:
+    """The owners with at least two of ``jobs`` and a promise reported for one of them: whose
+    nodes :func:`_by_promise` may re-split."""
+    if not promise:
+        return frozenset()
+    count = Counter(_owner(j) for j in jobs)
+    return frozenset(_owner(j) for j in jobs if j.job_id in promise and count[_owner(j)] > 1)
+
+
+def _by_promise(problem: Problem, equivalents: Mapping[str, tuple[Option, ...]],
+                sizes: dict[str, tuple[str | None, int]], promise: Mapping[str, float],
                 jobs: Sequence[JobState], method: str, cfg: CoreConfig, notes: list[str]) -> dict[str, Reason]:
     """Re-split each owner's nodes among that owner's jobs by their promise (changes ``sizes``).
 
     The allocation above is left as it is for every owner whose jobs all report the same promise
     (1 when they report none).  For an owner whose jobs differ, the nodes the allocation gave that
-    owner's jobs (per node type) are allocated again among those jobs alone, a job more promising
-    than the owner's mean first (:func:`_promised`: a place, not a size).  What other owners'
-    jobs get is the allocation's, whatever an owner reports: a promise can only reorder its own
-    jobs.
+    owner's jobs (per node type) are allocated again among those jobs alone: each job valued in
+    node-equivalents (``equivalents``: the ``speedup`` objective, whatever the configured one),
+    and a job more promising than the owner's mean first (:func:`_promised`: a place, not a
+    size).  What other owners' jobs get is the allocation's, whatever an owner reports: a promise
+    can only reorder its own jobs.
 
     Why a place and not a size: weighting every size by the promise (tried first) grew promoted
     trials beyond their efficient size and slowed the exploration at the first rungs by about a
     third; on the NAS-Bench-201 campaign replay of the Philly day it reached the target later than
     plain ASHA (``malletrain bench campaign``; README, "What pruning and promise buy").
 
-    Why the place is bought in the owner's unit (the most any of the owner's jobs gains by
-    running at all) and not the job's own: a trial's samples/s differ up to 6× between light
-    and heavy networks, and the good ones are heavy.  Scaled by its own rate, a
-    heavy trial's promise bought it nothing against a light trial's rate: in the replay the
-    eventual winner waited 2.6 h at its second rung (seed 6: 6.1 h to the target against 3.8 h
-    in the owner's unit)."""
+    Why node-equivalents and not samples/s: a campaign's trials train different networks, whose
+    samples/s differ up to 6× between light and heavy ones, and the good ones are heavy.  Valued
+    by samples/s, the light trials of a rung ran before the heavy ones, and a heavy trial's
+    promise bought it little against a light trial's rate: in the replay the eventual winner of
+    seed 6 waited 2.6 h at its second rung.  In node-equivalents (a job's rate over its rate on
+    its smallest size) each trial's first nodes are worth the same, so equally promising trials
+    are ordered by how well they scale, and the promise's place (bought in the owner's unit, the
+    most any of the owner's jobs gains by running at all) is the same for every trial."""
     owner_of = {j.job_id: _owner(j) for j in jobs}
     groups: dict[str, list[JobChoice]] = {}
     for ch in problem.jobs:
@@ -407,7 +438,7 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
     reasons: dict[str, Reason] = {}
     for choices in groups.values():
         ps = [min(MAX_PROMISE, max(MIN_PROMISE, promise.get(ch.job_id, 1.0))) for ch in choices]
-        if len(choices) < 2 or max(ps) == min(ps):
+        if len(choices) < 2 or max(ps) == min(ps) or any(ch.job_id not in equivalents for ch in choices):
             continue
         cap: Counter = Counter()
         for ch in choices:
@@ -416,10 +447,12 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
                 cap[t] += n
         if not cap:
             continue
+        # a job the allocation must not stop (protected: its size 0 is worth less than nothing)
+        protected = {ch.job_id for ch in choices if any(o.size == 0 and o.value < 0 for o in ch.options)}
+        same = [JobChoice(ch.job_id, equivalents[ch.job_id], ch.node_types, ch.current_size) for ch in choices]
         mean = sum(ps) / len(ps)
-        unit = max((_first_value(ch) for ch in choices), default=0.0)
-        scaled = [_promised(ch, p / mean, unit) for ch, p in zip(choices, ps)]
-        protected = {ch.job_id for ch in scaled if any(o.size == 0 and o.value < 0 for o in ch.options)}
+        unit = max((_first_value(ch) for ch in same), default=0.0)
+        scaled = [_promised(ch, p / mean, unit) for ch, p in zip(same, ps)]
         sub = allocate(Problem(_protect(scaled, protected), {t: cap.get(t, 0) for t in problem.capacity}),
                        method=method, time_limit_s=cfg.time_limit_s)
         notes.extend(sub.notes)
@@ -430,8 +463,9 @@ def _by_promise(problem: Problem, sizes: dict[str, tuple[str | None, int]], prom
             if new[1] != old[1]:
                 reasons[ch.job_id] = (ReasonCode.PROMISE,
                                       f"{_verb(ch.current_size, new[1])}: its owner's {total} nodes go to the "
-                                      f"owner's most promising jobs first (promise {p:.3g}; mean of the "
-                                      f"owner's {len(ps)} jobs {mean:.3g}); {old[1]} without")
+                                      f"owner's most promising jobs first, compared in node-equivalents "
+                                      f"(promise {p:.3g}; mean of the owner's {len(ps)} jobs {mean:.3g}); "
+                                      f"{old[1]} without")
     return reasons
 
 

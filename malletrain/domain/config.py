@@ -46,7 +46,8 @@ class CoreConfig:
     user_weights: tuple = ()       # ((user, weight), ...): a user's jobs count weight x (default 1)
     starvation_s: float = 0.0      # an admitted job waiting this long gets min_nodes before others grow (0 = off)
     # a user's nodes are re-split among that user's own jobs by the promise their campaign's study
-    # reports (a trial that survived more pruning rungs first); what other users' jobs get is unchanged
+    # reports (a trial that survived more pruning rungs first; the user's jobs compared in node-equivalents,
+    # not samples/s); what other users' jobs get is unchanged
     promise: bool = True
     # forecasts (malletrain, oracle, greedy): learned rescale pauses and predicted node stays
     learn_rescale: bool = True     # charge measured rescale pauses (the job's configured ones are the prior)
