@@ -13,13 +13,18 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   epochs, η = ``reduction_factor``), nodes by the samples/s objective.
 * ``asha-promise``: the same, and each trial reports its promise (η^k after surviving k rungs)
   as a live trial's runtime does in its ``metric`` records: the core re-splits the user's nodes
-  among the user's trials by it (``CoreConfig.promise``).
+  among the user's trials by it, valued in node-equivalents (``CoreConfig.promise``).
 * ``asha-oracle``: a clairvoyant baseline, not a mode to use: the same ASHA, and each trial's
   promise is known from its start and exact — the highest for a trial whose final accuracy reaches
   the target, 1 for the others.  What it gains over ``asha`` is what the promise re-split (a
   place, not a size: :func:`malletrain.core.decide._by_promise`) gains with a perfect predictor of
   the trials that matter: an estimate of the most a promise can buy on this trace (not a proof:
   through ASHA's comparisons another order could do better).
+
+``objective`` (``--objective``) sets the core's objective for every mode (default ``samples``, the
+daemon's default): ``asha`` under ``speedup`` values every job in node-equivalents, as
+``asha-promise`` values the user's trials among themselves, and so tells the unit's share of its
+gain from the promise's.
 
 Figures per run: the time from the campaign's start until a complete trial is within
 ``target_points`` of the table's best (``None``: not within the trace), the node-hours spent
