@@ -15,6 +15,10 @@
 # and seeds 10-19 (about 40 minutes), run after cd5042f as a check on seeds the change was not found on:
 #   malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 10 --seeds 10 \
 #       --modes random-full,asha,asha-promise,asha-oracle      (results/campaign-philly-promise.txt)
+# After the re-split in node-equivalents (5305f95), asha-promise and asha-oracle on seeds 0-19, and
+# plain asha with the whole core in node-equivalents (--modes asha --objective speedup), the unit's
+# share of the gain: results/campaign-philly-equivalents.txt (about 70 minutes for the three).
+# random-full and asha report no promise: their runs above are unchanged.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/env.sh" dev
@@ -27,7 +31,9 @@ run campaign-philly  malletrain bench campaign --trace examples/philly-1day.csv.
     --modes random-full,asha,asha-promise,asha-oracle "$@"
 run campaign-theta   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z --seeds 3 "$@"
-# the same nodes over a week (6,304 idle node-hours against 235 in the two days): ~15 minutes
+# the same nodes over a week (6,304 idle node-hours against 235 in the two days), ten seeds: ~45 minutes
+# (the README's: seeds 0-2 of every mode, then --first-seed 3 --seeds 7 for random-full, asha and
+# asha-promise: results/campaign-theta-week*.txt)
 run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
-    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 \
-    --modes random-full,asha,asha-promise,asha-oracle "$@"
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 \
+    --modes random-full,asha,asha-promise "$@"
