@@ -109,6 +109,21 @@ def test_an_owners_trials_are_compared_in_node_equivalents_not_samples():
     assert sizes(decide(snap, curves, unit, Outlook(promise={"a3": 9.0}))) == sizes(told)
 
 
+def test_a_job_without_a_rate_on_its_smallest_size_keeps_its_owners_nodes_busy():
+    """a1's curve gives nothing on one node (a fit can): in node-equivalents every size of it is
+    worth 0, and a re-split would leave the nodes the allocation gave it idle.  The allocation
+    stands instead."""
+    jobs = [job("a1", "alice"), job("a2", "alice", hi=1), job("b", "bob", hi=1)]
+    curves = {"a1": curve(lambda n: 0.0 if n == 1 else 100.0 * n), "a2": curve(lambda n: 50.0 * n),
+              "b": curve(lambda n: 10.0 * n)}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(5)), tuple(jobs))
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    told = decide(snap, curves, cfg, Outlook(promise={"a2": 9.0}))
+    assert sizes(plain) == {"a1": 4, "a2": 1, "b": 0}
+    assert sizes(told) == sizes(plain)
+
+
 def test_a_huge_promise_cannot_take_another_users_nodes():
     """Mallory claims the largest promise the reader passes for one job and the smallest for the
     other: her total is what it was, Alice's job keeps every node it had."""

@@ -8,18 +8,18 @@ sizes them on the trace's idle nodes (:func:`malletrain.replay.engine.run_replay
 daemon runs).  Modes, same trace, capacity, seeds and model:
 
 * ``random-full``: today's campaign: random search, every trial trained to the end, nodes by
-  the ``samples`` objective (samples/s summed).
+  the core's objective (``samples`` by default: samples/s summed).
 * ``asha``: random search with ASHA (Optuna's successive halving: rungs at ``min_resource·η^k``
-  epochs, η = ``reduction_factor``), nodes by the samples/s objective.
+  epochs, η = ``reduction_factor``), nodes likewise.
 * ``asha-promise``: the same, and each trial reports its promise (η^k after surviving k rungs)
   as a live trial's runtime does in its ``metric`` records: the core re-splits the user's nodes
   among the user's trials by it, valued in node-equivalents (``CoreConfig.promise``).
 * ``asha-oracle``: a clairvoyant baseline, not a mode to use: the same ASHA, and each trial's
   promise is known from its start and exact — the highest for a trial whose final accuracy reaches
-  the target, 1 for the others.  What it gains over ``asha`` is what the promise re-split (a
-  place, not a size: :func:`malletrain.core.decide._by_promise`) gains with a perfect predictor of
-  the trials that matter: an estimate of the most a promise can buy on this trace (not a proof:
-  through ASHA's comparisons another order could do better).
+  the target, 1 for the others.  It shows what the promise re-split (a place, not a size:
+  :func:`malletrain.core.decide._by_promise`) does with a perfect predictor of the trials that
+  matter.  It is no bound: running the known winners first costs the other trials' early rungs,
+  and on the Philly day it reaches the target later than ``asha-promise`` (README).
 
 ``objective`` (``--objective``) sets the core's objective for every mode (default ``samples``, the
 daemon's default): ``asha`` under ``speedup`` values every job in node-equivalents, as

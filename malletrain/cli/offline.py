@@ -197,10 +197,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                      "a trace, through the decision core, in three modes: random-full (random "
                                      "search, every trial to the end), asha (with Optuna's ASHA pruner) and "
                                      "asha-promise (ASHA, and each user's nodes re-split by how many rungs its "
-                                     "trials survived).  asha-oracle, asked for by name, is a clairvoyant baseline: "
-                                     "each trial's promise is exact and known from its start (the highest for "
-                                     "a trial that will reach the target): its gain over asha estimates the "
-                                     "most the promise re-split can buy.  Prints, per mode and seed, the time until "
+                                     "trials survived, valued in node-equivalents).  asha-oracle, asked for by "
+                                     "name, is a clairvoyant baseline: each trial's promise is exact and known "
+                                     "from its start (the highest for a trial that will reach the target); it "
+                                     "is no bound.  Prints, per mode and seed, the time until "
                                      "a complete trial is within --target points of the table's best, and the "
                                      "node-hours spent on trials that were pruned.  Needs the nasbench and hpo extras.")
     bn.set_defaults(run=cmd_bench_campaign)

@@ -202,7 +202,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     else:
         equivalents: dict[str, tuple[Option, ...]] = {}
         problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets,
-                           _promising_owners(free_jobs, outlook.promise) if config.promise else frozenset(),
+                           _differing_owners(free_jobs, outlook.promise) if config.promise else frozenset(),
                            equivalents)
         method = "greedy" if config.policy == "greedy" else config.allocator
         alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
@@ -330,13 +330,13 @@ def _feed_starving(jobs: Sequence[JobState], cap: Counter, now_s: float, cfg: Co
 
 def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter,
              cfg: CoreConfig, pool: Mapping[str, Node], outlook: Outlook, snapshot: Snapshot,
-             targets: Mapping[str, tuple[str | None, int]], compared: AbstractSet[str] = frozenset(),
-             equivalents: dict[str, tuple[Option, ...]] | None = None) -> Problem:
+             targets: Mapping[str, tuple[str | None, int]], compared: AbstractSet[str],
+             equivalents: dict[str, tuple[Option, ...]]) -> Problem:
     """The allocation problem of ``jobs`` (their options valued by the objective).  The jobs of
     the owners in ``compared`` are also valued in node-equivalents (the ``speedup`` objective),
-    into ``equivalents``: what :func:`_by_promise` re-splits their owner's nodes by."""
+    into ``equivalents`` (filled here): what :func:`_by_promise` re-splits their owner's nodes by."""
     choices = []
-    as_speedup = replace(cfg, objective="speedup") if compared else cfg
+    as_speedup = replace(cfg, objective="speedup") if compared and cfg.objective != "speedup" else cfg
     types = tuple(sorted(t for t in cap if cap[t] > 0)) or tuple(sorted(cap)) or (DEFAULT_NODE_TYPE,)
     stays = outlook.stays
     free = None
@@ -370,8 +370,8 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
             pace = pace_of(j, pool, speeds, s)
         opts = expected_values(j, sizes, rate, _cost(j, outlook), unit_weight(j, rate, cfg),
                                cfg.horizon_s, stays, free, pace)
-        if equivalents is not None and _owner(j) in compared:
-            if cfg.objective != "speedup":
+        if _owner(j) in compared:
+            if as_speedup is not cfg:
                 rate = unit_rate(j, curve.mean, as_speedup) if curve is not None else _no_rate
                 equivalents[j.job_id] = expected_values(j, sizes, rate, _cost(j, outlook),
                                                         unit_weight(j, rate, as_speedup), cfg.horizon_s,
@@ -396,13 +396,21 @@ def _protect(choices: Sequence[JobChoice], protected: AbstractSet[str]) -> tuple
                  for ch in choices)
 
 
-def _promising_owners(jobs: Sequence[JobState], promise: Mapping[str, float]) -> frozenset[str]:
-    """The owners with at least two of ``jobs`` and a promise reported for one of them: whose
-    nodes :func:`_by_promise` may re-split."""
+def _promise_of(job_id: str, promise: Mapping[str, float]) -> float:
+    """A job's promise as the re-split counts it: in [MIN_PROMISE, MAX_PROMISE], 1 when it
+    reports none (NaN, ±inf and negatives land in range)."""
+    return min(MAX_PROMISE, max(MIN_PROMISE, promise.get(job_id, 1.0)))
+
+
+def _differing_owners(jobs: Sequence[JobState], promise: Mapping[str, float]) -> frozenset[str]:
+    """The owners among ``jobs`` whose jobs' promises differ: whose nodes :func:`_by_promise`
+    re-splits (so only their jobs are valued in node-equivalents too)."""
     if not promise:
         return frozenset()
-    count = Counter(_owner(j) for j in jobs)
-    return frozenset(_owner(j) for j in jobs if j.job_id in promise and count[_owner(j)] > 1)
+    seen: dict[str, set[float]] = {}
+    for j in jobs:
+        seen.setdefault(_owner(j), set()).add(_promise_of(j.job_id, promise))
+    return frozenset(owner for owner, ps in seen.items() if len(ps) > 1)
 
 
 def _by_promise(problem: Problem, equivalents: Mapping[str, tuple[Option, ...]],
@@ -425,20 +433,26 @@ def _by_promise(problem: Problem, equivalents: Mapping[str, tuple[Option, ...]],
 
     Why node-equivalents and not samples/s: a campaign's trials train different networks, whose
     samples/s differ up to 6× between light and heavy ones, and the good ones are heavy.  Valued
-    by samples/s, the light trials of a rung ran before the heavy ones, and a heavy trial's
-    promise bought it little against a light trial's rate: in the replay the eventual winner of
-    seed 6 waited 2.6 h at its second rung.  In node-equivalents (a job's rate over its rate on
-    its smallest size) each trial's first nodes are worth the same, so equally promising trials
-    are ordered by how well they scale, and the promise's place (bought in the owner's unit, the
-    most any of the owner's jobs gains by running at all) is the same for every trial."""
+    by samples/s, the light trials of a rung ran before equally promising heavy ones.  In
+    node-equivalents (``m·T(n)/T(m)``: the rate on ``n`` nodes in units of the rate on the
+    smallest size ``m``, at most ``n``) the first nodes of trials of the same smallest size are
+    worth the same, so equally promising trials are ordered by how well they scale.  On the
+    campaign replay of the Philly day this reached the target 1.6× sooner than the re-split in
+    samples/s did (README, "What pruning and promise buy").  The promise's place is bought in
+    the owner's unit (the most any of the owner's jobs gains by running at all).  Why not the
+    job's own: scaled by its own rate, a heavy trial's promise bought less than a light trial's
+    rate (seed 6's eventual winner then waited 2.6 h at its second rung).
+
+    If the re-split would leave some of the owner's nodes idle (a job without a rate on its
+    smallest size is worth nothing in node-equivalents), the allocation stands."""
     owner_of = {j.job_id: _owner(j) for j in jobs}
     groups: dict[str, list[JobChoice]] = {}
     for ch in problem.jobs:
         groups.setdefault(owner_of[ch.job_id], []).append(ch)
     reasons: dict[str, Reason] = {}
     for choices in groups.values():
-        ps = [min(MAX_PROMISE, max(MIN_PROMISE, promise.get(ch.job_id, 1.0))) for ch in choices]
-        if len(choices) < 2 or max(ps) == min(ps) or any(ch.job_id not in equivalents for ch in choices):
+        ps = [_promise_of(ch.job_id, promise) for ch in choices]
+        if len(choices) < 2 or max(ps) == min(ps):
             continue
         cap: Counter = Counter()
         for ch in choices:
@@ -457,6 +471,8 @@ def _by_promise(problem: Problem, equivalents: Mapping[str, tuple[Option, ...]],
                        method=method, time_limit_s=cfg.time_limit_s)
         notes.extend(sub.notes)
         total = sum(cap.values())
+        if sum(sub.sizes.get(ch.job_id, (None, 0))[1] for ch in choices) < total:
+            continue    # a job without a rate on its smallest size is worth 0 in node-equivalents: keep them busy
         for ch, p in zip(choices, ps):
             old, new = sizes.get(ch.job_id, (None, 0)), sub.sizes.get(ch.job_id, (None, 0))
             sizes[ch.job_id] = new
