@@ -201,16 +201,15 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                                               _cost(j, outlook)))
     else:
         equivalents: dict[str, tuple[Option, ...]] = {}
-        problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets,
-                           _differing_owners(free_jobs, outlook.promise) if config.promise else frozenset(),
-                           equivalents)
+        compared = _differing_owners(free_jobs, outlook.promise) if config.promise else frozenset()
+        problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets, compared, equivalents)
         method = "greedy" if config.policy == "greedy" else config.allocator
         alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
         objective, solver = alloc.objective, alloc.solver
         notes.extend(alloc.notes)
         sizes = dict(alloc.sizes)
-        promoted = (_by_promise(problem, equivalents, sizes, outlook.promise, free_jobs, method, config, notes)
-                    if config.promise and outlook.promise else {})
+        promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
+                                config, notes) if compared else {})
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
             targets[j.job_id] = (t, n)
@@ -368,12 +367,12 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
                 busy = taken | {n for x in jobs for n in x.nodes}
                 speeds = sorted(node.variability for name, node in pool.items() if name not in busy)
             pace = pace_of(j, pool, speeds, s)
-        opts = expected_values(j, sizes, rate, _cost(j, outlook), unit_weight(j, rate, cfg),
-                               cfg.horizon_s, stays, free, pace)
+        cost = _cost(j, outlook)
+        opts = expected_values(j, sizes, rate, cost, unit_weight(j, rate, cfg), cfg.horizon_s, stays, free, pace)
         if _owner(j) in compared:
             if as_speedup is not cfg:
                 rate = unit_rate(j, curve.mean, as_speedup) if curve is not None else _no_rate
-                equivalents[j.job_id] = expected_values(j, sizes, rate, _cost(j, outlook),
+                equivalents[j.job_id] = expected_values(j, sizes, rate, cost,
                                                         unit_weight(j, rate, as_speedup), cfg.horizon_s,
                                                         stays, free, pace)
             else:
@@ -413,13 +412,14 @@ def _differing_owners(jobs: Sequence[JobState], promise: Mapping[str, float]) ->
     return frozenset(owner for owner, ps in seen.items() if len(ps) > 1)
 
 
-def _by_promise(problem: Problem, equivalents: Mapping[str, tuple[Option, ...]],
+def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mapping[str, tuple[Option, ...]],
                 sizes: dict[str, tuple[str | None, int]], promise: Mapping[str, float],
                 jobs: Sequence[JobState], method: str, cfg: CoreConfig, notes: list[str]) -> dict[str, Reason]:
     """Re-split each owner's nodes among that owner's jobs by their promise (changes ``sizes``).
 
     The allocation above is left as it is for every owner whose jobs all report the same promise
-    (1 when they report none).  For an owner whose jobs differ, the nodes the allocation gave that
+    (1 when they report none).  For an owner whose jobs differ (``compared``, from
+    :func:`_differing_owners`), the nodes the allocation gave that
     owner's jobs (per node type) are allocated again among those jobs alone: each job valued in
     node-equivalents (``equivalents``: the ``speedup`` objective, whatever the configured one),
     and a job more promising than the owner's mean first (:func:`_promised`: a place, not a
@@ -450,10 +450,10 @@ def _by_promise(problem: Problem, equivalents: Mapping[str, tuple[Option, ...]],
     for ch in problem.jobs:
         groups.setdefault(owner_of[ch.job_id], []).append(ch)
     reasons: dict[str, Reason] = {}
-    for choices in groups.values():
-        ps = [_promise_of(ch.job_id, promise) for ch in choices]
-        if len(choices) < 2 or max(ps) == min(ps):
+    for owner, choices in groups.items():
+        if owner not in compared:
             continue
+        ps = [_promise_of(ch.job_id, promise) for ch in choices]
         cap: Counter = Counter()
         for ch in choices:
             t, n = sizes.get(ch.job_id, (None, 0))
