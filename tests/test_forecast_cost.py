@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from malletrain.core.availability import GRID, GRID_RATIO, IdleHistory, _index, _indices, _StayTable
-from malletrain.core.objective import FreeOrder
+from malletrain.core.objective import FreeOrder, _longest_first, _own_sums, _prefix
 from malletrain.core.placement import _ranked, _ranker
 from malletrain.core.stays import StayMap
 from malletrain.domain.model import STAYING, Node, Stay
@@ -175,6 +175,66 @@ def test_free_order_from_pool_counts_equals_counting_every_free_node(seed):
         assert got.sums == want.sums, limit
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_own_stays_read_off_the_ranks_equal_sorting_them(seed):
+    """A job's own nodes' prefix sums read off a StayMap's ranks (StayMap.prefix) are bitwise those
+    of sorting the nodes' stays: ties, two codes with one value, staying nodes, and a node the map
+    does not hold (then the plain path, which counts it as staying)."""
+    rng = random.Random(300 + seed)
+    names = tuple(f"n{i}" for i in range(rng.randint(1, 90)))
+    kinds = [Stay(round(rng.random(), 2), round(rng.random(), 2)) for _ in range(rng.randint(1, 8))]
+    kinds += [STAYING, kinds[0], Stay(kinds[0].fraction, 0.0), Stay(1.0, 0.3)]
+    codes = np.array([rng.randrange(len(kinds)) for _ in names], dtype=np.int64)
+    grouped = StayMap(names, codes, kinds)
+    for _ in range(10):
+        own = rng.sample(names, rng.randint(0, len(names)))
+        want = _prefix(_longest_first(grouped[n] for n in own))
+        assert grouped.prefix(own) == want
+        assert _own_sums(own, grouped) == want == _own_sums(own, dict(grouped))
+        assert [math.copysign(1.0, x) for pair in grouped.prefix(own) for x in pair] == \
+            [math.copysign(1.0, x) for pair in want for x in pair]
+    stranger = [names[0], "elsewhere"]
+    assert grouped.prefix(stranger) is None
+    assert _own_sums(stranger, grouped) == _prefix(_longest_first([grouped[names[0]], STAYING]))
+
+
+def _loop_survival(h: IdleHistory, counts) -> list:
+    """The Kaplan-Meier loop the numpy accumulations replaced (as in _reference_stays)."""
+    k = len(GRID) - 1
+    censored = [counts[i] * h._weight for i in range(k)]
+    censored[k - 1] += counts[k] * h._weight
+    at_risk = sum(h._closed) + sum(censored)
+    surv, s = [1.0], 1.0
+    for i in range(k):
+        d = h._closed[i]
+        risk = at_risk - censored[i] / 2.0
+        if risk > 0 and d > 0:
+            s *= max(0.0, 1.0 - d / risk)
+        surv.append(s)
+        at_risk -= d + censored[i]
+    return surv
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_survival_and_its_integral_are_bitwise_the_loops(seed):
+    """IdleHistory._kaplan_meier and _StayTable's running integral (numpy's sequential
+    accumulations) against the interval-by-interval loops: decayed weights, zero-length and very
+    long stretches, empty and crowded intervals, curves that reach 0."""
+    rng = random.Random(400 + seed)
+    for _ in range(60):
+        h = IdleHistory(min_stretches=1, half_life=rng.choice([3, 50, 2000]))
+        for _ in range(rng.randint(1, 400)):
+            h._close(rng.choice([0.0, 0.5, 1.0, rng.expovariate(1 / 3600), rng.expovariate(1 / 60), 1e9]))
+        counts = tuple(rng.choice([0, 0, 0, 1, 2, 50]) for _ in range(len(GRID)))
+        want = _loop_survival(h, counts)
+        got = h._kaplan_meier(counts)
+        assert got == want and [math.copysign(1.0, x) for x in got] == [math.copysign(1.0, x) for x in want]
+        cum = [0.0]
+        for i in range(len(GRID) - 1):
+            cum.append(cum[-1] + (want[i] + want[i + 1]) / 2.0 * (GRID[i + 1] - GRID[i]))
+        assert _StayTable(want, 600.0).cum == cum
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_held_answer_equals_a_fresh_one_at_every_time_up_to_the_next_change(seed):
     """For one pool object and no stretch opening or closing, the stays are returned without a
@@ -230,3 +290,21 @@ def test_stays_computed_together_are_bitwise_those_computed_one_by_one(seed):
         got = (st.fraction, st.leave_p)
         assert got == (want.fraction, want.leave_p), p
         assert [math.copysign(1.0, x) for x in got] == [math.copysign(1.0, x) for x in (want.fraction, want.leave_p)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_curves_rate_function_is_interpolate_bitwise(seed):
+    """Curve.rate (made once per curve, the arithmetic inlined) against interpolate over the sorted
+    points: listed counts (as ints and floats), between them, below the smallest, above the largest,
+    zero and negative counts, and a curve without points."""
+    from malletrain.domain.model import Curve, CurvePoint, interpolate
+    rng = random.Random(500 + seed)
+    ks = sorted(rng.sample(range(1, 70), rng.randint(1, 12)))
+    curve = Curve({k: CurvePoint(v, v, v) for k, v in zip(ks, (rng.uniform(0, 1e4) for _ in ks))})
+    keys = sorted(curve.points)
+    values = [curve.points[k].mean for k in keys]
+    probes = [0, -1.5, 0.25, float(keys[0]), keys[-1] + 3, 1e9] + keys + [rng.uniform(0, 80) for _ in range(200)]
+    for n in probes:
+        want = curve.points[n].mean if n in curve.points else (0.0 if n <= 0 else interpolate(keys, values, n))
+        assert curve.rate(n) == want and curve.mean(n) == want, n
+    assert Curve({}).rate(3.5) == 0.0 == Curve({}).mean(2)

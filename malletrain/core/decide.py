@@ -358,7 +358,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
                  if n <= limit]
         if j.size and j.size not in sizes and spec.min_nodes <= j.size <= spec.max_nodes:
             sizes.append(j.size)
-        rate = unit_rate(j, curve.mean, cfg) if curve is not None else _no_rate
+        rate = unit_rate(j, curve.rate, cfg) if curve is not None else _no_rate
         pace = None
         s = outlook.sensitive.get(j.job_id, 0.0)
         if s > 0:
@@ -371,7 +371,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
         opts = expected_values(j, sizes, rate, cost, unit_weight(j, rate, cfg), cfg.horizon_s, stays, free, pace)
         if _owner(j) in compared:
             if as_speedup is not cfg:
-                rate = unit_rate(j, curve.mean, as_speedup) if curve is not None else _no_rate
+                rate = unit_rate(j, curve.rate, as_speedup) if curve is not None else _no_rate
                 equivalents[j.job_id] = expected_values(j, sizes, rate, cost,
                                                         unit_weight(j, rate, as_speedup), cfg.horizon_s,
                                                         stays, free, pace)
@@ -523,7 +523,7 @@ def _exposure(jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, 
         n = targets.get(j.job_id, (None, 0))[1]
         curve = curves.get(j.job_id)
         if n > j.size and curve is not None:
-            rate = unit_rate(j, curve.mean, cfg)
+            rate = unit_rate(j, curve.rate, cfg)
             out[j.job_id] = _cost(j, outlook).taken_pause_s * rate(n) * unit_weight(j, rate, cfg)
     return out
 
@@ -536,7 +536,7 @@ def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem
             cost: RescaleCost) -> Reason:
     c = job.size
     src = curve.source if curve is not None else "no curve"
-    rate = curve.mean if curve is not None else _no_rate
+    rate = curve.rate if curve is not None else _no_rate
     if n == c:
         if n == 0:
             feasible = [o for ch in problem.jobs if ch.job_id == job.job_id for o in ch.options if o.size]
@@ -597,7 +597,7 @@ def _bftrainer(snapshot: Snapshot, jobs: Sequence[JobState], free_jobs: Sequence
     njobs = []
     for j in free_jobs:
         curve = curves.get(j.job_id)
-        rate = curve.mean if curve is not None else (lambda k: 0.0)
+        rate = curve.rate if curve is not None else (lambda k: 0.0)
         bps = size_grid(j.spec.min_nodes, j.spec.max_nodes, cfg.max_candidates)
         njobs.append(NodeJob(j.job_id, j.spec.min_nodes, j.spec.max_nodes, j.nodes,
                              j.spec.rescale_up_s, j.spec.rescale_down_s, rate, bps))

@@ -232,6 +232,14 @@ def _prefix(ordered: Sequence[tuple[float, float]]) -> list[tuple[float, float]]
                     accumulate(map(logs.__getitem__, leaves), initial=0.0)))
 
 
+def _own_sums(nodes: Sequence[str], stays: Mapping[str, Stay]) -> list[tuple[float, float]]:
+    """:func:`_prefix` of a job's own nodes' stays, longest first (nodes without one stay); read
+    off a :class:`StayMap`'s ranks where it holds every node."""
+    if isinstance(stays, StayMap) and (sums := stays.prefix(nodes)) is not None:
+        return sums
+    return _prefix(_longest_first(map(stays.get, nodes, repeat(STAYING))))
+
+
 def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float], float],
                     cost: RescaleCost, weight: float, horizon_s: float,
                     stays: Mapping[str, Stay], free: FreeOrder | None,
@@ -247,14 +255,15 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
     c = job.size
     h = horizon_s
     out = [Option(0, 0.0)]
+    new = tuple.__new__         # Option(size, value) without NamedTuple's Python-level __new__
     up = cost.up_s if c == 0 else cost.grow_pause_s
     if not stays:
         for n in sorted(set(sizes)):
             if n > 0:
                 pause = up if n > c else cost.down_s if n < c else 0.0
-                out.append(Option(n, weight * rate(n) * (h - pause)))
+                out.append(new(Option, (n, weight * rate(n) * (h - pause))))
         return tuple(out)
-    own = _prefix(_longest_first(map(stays.get, job.nodes, repeat(STAYING)))) if c else [(0.0, 0.0)]
+    own = _own_sums(job.nodes, stays) if c else [(0.0, 0.0)]
     own_f, own_log = own[c]
     sums = free.sums if free is not None else None
     last = len(sums) - 1 if sums is not None else 0
@@ -278,7 +287,7 @@ def expected_values(job: JobState, sizes: Sequence[int], rate: Callable[[float],
                 count, log_stay = own_f + float(k), own_log + 0.0
         work = h * (rate(count) if count < n - 1e-9 else t)
         # 1 - exp(log_stay): P(some node of A is taken back within H)
-        append(Option(n, weight * (work - t * (pause + taken * (1.0 - exp(log_stay))))))
+        append(new(Option, (n, weight * (work - t * (pause + taken * (1.0 - exp(log_stay)))))))
     return tuple(out)
 
 

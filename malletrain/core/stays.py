@@ -16,6 +16,7 @@ domain model and numpy only.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate
 
@@ -27,7 +28,7 @@ from malletrain.domain.model import Stay
 class StayMap(dict[str, Stay]):
     """``dict`` node → Stay, built from per-node codes into a list of distinct stays."""
 
-    __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked")
+    __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked", "_by_rank")
 
     def __init__(self, names: Sequence[str], codes: np.ndarray, values: Sequence[Stay], *,
                  source: object = None, index: Mapping[str, int] | None = None) -> None:
@@ -43,6 +44,7 @@ class StayMap(dict[str, Stay]):
         self._index = index
         self._totals: np.ndarray | None = None
         self._ranked: tuple[int, ...] | None = None
+        self._by_rank: tuple[list[int], list[float], list[float]] | None = None
 
     @property
     def by_code(self) -> Sequence[Stay]:
@@ -62,6 +64,31 @@ class StayMap(dict[str, Stay]):
             order.sort(key=lambda c: self._values[c].fraction, reverse=True)
             self._ranked = tuple(order)
         return self._ranked
+
+    def prefix(self, names: Iterable[str]) -> list[tuple[float, float]] | None:
+        """``objective._prefix`` of the stays of ``names`` longest first: ``[(Σ fraction, Σ log(1 −
+        leave_p)) of the first k]`` for k = 0 … len, or None when a name is not in the map.  Each
+        node's place in :meth:`ranked`'s order is looked up and the ranks sorted as integers, so
+        the sums are the same additions of the same values in the same order (equal stays are
+        interchangeable)."""
+        if self._by_rank is None:
+            order = self.ranked()
+            rank = [0] * len(self._values)
+            for r, c in enumerate(order):
+                rank[c] = r
+            per_node = np.asarray(rank, dtype=np.int64)[self._codes].tolist() if len(self._codes) else []
+            leaves = [self._values[c].leave_p for c in order]
+            logs = {p: math.log(max(1e-12, 1.0 - p)) for p in set(leaves)}
+            self._by_rank = (per_node, [self._values[c].fraction for c in order], list(map(logs.__getitem__, leaves)))
+        if self._index is None:
+            self._index = dict(zip(self._names, range(len(self._names))))
+        per_node, fractions, logs_of = self._by_rank
+        at = list(map(self._index.get, names))
+        if None in at:
+            return None
+        ranks = sorted(map(per_node.__getitem__, at))  # type: ignore[arg-type]  # no None: checked
+        return list(zip(accumulate(map(fractions.__getitem__, ranks), initial=0.0),
+                        accumulate(map(logs_of.__getitem__, ranks), initial=0.0)))
 
     def count(self, names: Iterable[str] | None = None) -> list[int]:
         """How many of ``names`` (None: of all) have each code; names it does not hold are not

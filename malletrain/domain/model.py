@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_NODE_TYPE = "gpu"
@@ -24,6 +24,10 @@ MAX_GPUS_PER_NODE = 1024
 MAX_GRACE_S = 1e7              # a job's preemption grace time
 LAUNCHES = ("srun", "batch", "torchrun")   # how a malleable job's batch script runs its command
 MAX_MEMBERS = 4096             # an elastic group's members (array tasks) anyone looks at (issue #26)
+
+
+def _zero_rate(n: float) -> float:
+    return 0.0
 
 
 def interpolate(counts: Sequence[int], values: Sequence[float], n: float) -> float:
@@ -305,18 +309,35 @@ class Curve:
 
     def mean(self, n: float) -> float:
         """Throughput at ``n`` nodes (a fractional count interpolates: an expected node count)."""
-        if n <= 0:
-            return 0.0
-        p = self.points.get(n)  # type: ignore[call-overload]  # 3.0 finds 3: hash and == agree
-        if p is not None:
-            return p.mean
-        keys, values = self._sorted
-        return interpolate(keys, values, n)
+        return self.rate(n)
 
     @functools.cached_property
-    def _sorted(self) -> tuple[list[int], list[float]]:
+    def rate(self) -> Callable[[float], float]:
+        """:meth:`mean` as one function made once per curve (the objective calls it a few dozen
+        times per job and decision): a listed count is looked up (a float ``3.0`` finds the key
+        ``3``: hash and == agree), any other is :func:`interpolate`'s arithmetic, inlined."""
         keys = sorted(self.points)
-        return keys, [self.points[k].mean for k in keys]
+        values = [self.points[k].mean for k in keys]
+        listed = dict(zip(keys, values))
+        if not keys:
+            return _zero_rate
+        first_n, first_v, last_n, last_v = keys[0], values[0], keys[-1], values[-1]
+        get, find = listed.get, bisect.bisect_left
+
+        def rate(n: float) -> float:
+            if n <= 0:
+                return 0.0
+            v = get(n)  # type: ignore[call-overload]
+            if v is not None:
+                return v
+            if n <= first_n:
+                return first_v * n / first_n
+            if n >= last_n:
+                return last_v
+            i = find(keys, n)
+            w = (n - keys[i - 1]) / (keys[i] - keys[i - 1])
+            return values[i - 1] * (1 - w) + values[i] * w
+        return rate
 
 
 @dataclass(frozen=True)
