@@ -198,43 +198,6 @@ def test_own_stays_read_off_the_ranks_equal_sorting_them(seed):
     assert _own_sums(stranger, grouped) == _prefix(_longest_first([grouped[names[0]], STAYING]))
 
 
-def _loop_survival(h: IdleHistory, counts) -> list:
-    """The Kaplan-Meier loop the numpy accumulations replaced (as in _reference_stays)."""
-    k = len(GRID) - 1
-    censored = [counts[i] * h._weight for i in range(k)]
-    censored[k - 1] += counts[k] * h._weight
-    at_risk = sum(h._closed) + sum(censored)
-    surv, s = [1.0], 1.0
-    for i in range(k):
-        d = h._closed[i]
-        risk = at_risk - censored[i] / 2.0
-        if risk > 0 and d > 0:
-            s *= max(0.0, 1.0 - d / risk)
-        surv.append(s)
-        at_risk -= d + censored[i]
-    return surv
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_survival_and_its_integral_are_bitwise_the_loops(seed):
-    """IdleHistory._kaplan_meier and _StayTable's running integral (numpy's sequential
-    accumulations) against the interval-by-interval loops: decayed weights, zero-length and very
-    long stretches, empty and crowded intervals, curves that reach 0."""
-    rng = random.Random(400 + seed)
-    for _ in range(60):
-        h = IdleHistory(min_stretches=1, half_life=rng.choice([3, 50, 2000]))
-        for _ in range(rng.randint(1, 400)):
-            h._close(rng.choice([0.0, 0.5, 1.0, rng.expovariate(1 / 3600), rng.expovariate(1 / 60), 1e9]))
-        counts = tuple(rng.choice([0, 0, 0, 1, 2, 50]) for _ in range(len(GRID)))
-        want = _loop_survival(h, counts)
-        got = h._kaplan_meier(counts)
-        assert got == want and [math.copysign(1.0, x) for x in got] == [math.copysign(1.0, x) for x in want]
-        cum = [0.0]
-        for i in range(len(GRID) - 1):
-            cum.append(cum[-1] + (want[i] + want[i + 1]) / 2.0 * (GRID[i + 1] - GRID[i]))
-        assert _StayTable(want, 600.0).cum == cum
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_a_held_answer_equals_a_fresh_one_at_every_time_up_to_the_next_change(seed):
     """For one pool object and no stretch opening or closing, the stays are returned without a

@@ -93,7 +93,6 @@ _GRID_UP = np.array(GRID[1:])          # the upper edge of each grid interval
 _GRID_NEXT = np.array(GRID[1:-1] + (math.inf,))
 _LOG_RATIO = math.log(GRID_RATIO)
 _GRID_ARR = np.array(GRID)
-_GRID_STEP = _GRID_ARR[1:] - _GRID_ARR[:-1]
 _BATCH = 48                 # stays to compute before numpy beats one by one (~90 µs of fixed cost)
 
 
@@ -276,25 +275,22 @@ class IdleHistory:
         return tuple(counts.tolist()), until - 1e-9 * (abs(now_s) + GRID[-1])
 
     def _kaplan_meier(self, counts: tuple[int, ...]) -> list[float]:
-        """``S`` at every grid point.  Interval by interval: ``risk = at_risk − censored/2`` (those
-        censored inside it count as half at risk: the actuarial estimate), ``S *= max(0, 1 −
-        d/risk)`` where ``risk > 0`` and ``d > 0``, then ``at_risk −= d + censored``.  Written with
-        numpy's sequential accumulations (``subtract``/``multiply.accumulate``: the running
-        difference and product in the loop's order), so every value is the loop's bitwise."""
         k = len(GRID) - 1
         # open stretches per grid interval of their age, at the current weight
         censored = [counts[i] * self._weight for i in range(k)]
         censored[k - 1] += counts[k] * self._weight
         at_risk = sum(self._closed) + sum(censored)
-        d = np.array(self._closed)
-        c = np.array(censored)
-        steps = np.empty(k)
-        steps[0] = at_risk
-        steps[1:] = (d + c)[:-1]
-        risk = np.subtract.accumulate(steps) - c / 2.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            factor = np.where((risk > 0) & (d > 0), np.maximum(0.0, 1.0 - d / risk), 1.0)
-        return [1.0, *np.multiply.accumulate(factor).tolist()]
+        surv = [1.0]
+        s = 1.0
+        for i in range(k):
+            d = self._closed[i]
+            # stretches censored inside the interval count as half at risk (actuarial estimate)
+            risk = at_risk - censored[i] / 2.0
+            if risk > 0 and d > 0:
+                s *= max(0.0, 1.0 - d / risk)
+            surv.append(s)
+            at_risk -= d + censored[i]
+        return surv
 
     def stays(self, now_s: float, nodes: Sequence[Node], horizon_s: float) -> dict[str, Stay]:
         """Predicted :class:`Stay` of each node (only nodes with a prediction or a known window).
@@ -467,12 +463,9 @@ class _StayTable:
         self._surv_arr: np.ndarray | None = None      # surv and cum as arrays (memoised_many)
         self._cum_arr: np.ndarray | None = None
         cum = [0.0]
-        if surv is not None:    # the running sum of (S_i + S_{i+1}) / 2 · (G_{i+1} − G_i), in order
-            arr = np.array(surv)
-            steps = np.empty(len(GRID))
-            steps[0] = 0.0
-            steps[1:] = (arr[:-1] + arr[1:]) / 2.0 * _GRID_STEP
-            cum = np.add.accumulate(steps).tolist()
+        if surv is not None:
+            for i in range(len(GRID) - 1):
+                cum.append(cum[-1] + (surv[i] + surv[i + 1]) / 2.0 * (GRID[i + 1] - GRID[i]))
         self.cum = cum
 
     def s(self, t: float) -> float:
