@@ -10,9 +10,11 @@ the groups (:class:`malletrain.core.objective.FreeOrder`) instead of node by nod
 map was built for the very pool tuple ``decide`` reads (:meth:`StayMap.covers`), it counts the
 stays of the free nodes as all the pool's counts less those of the nodes jobs hold
 (:meth:`StayMap.count`, :meth:`StayMap.ranked`): a pass over the held nodes, none over the pool.
+A job's own nodes' stays, longest first, are summed in the order of their ranks
+(:meth:`StayMap.prefix`): an integer sort instead of sorting the stays.
 
 Anything that builds a ``StayMap`` must not change it afterwards.  Pure; imports the
-domain model and numpy only.
+domain model, numpy and the standard library's math only.
 """
 from __future__ import annotations
 
