@@ -30,14 +30,17 @@ from malletrain.domain.model import Stay
 class StayMap(dict[str, Stay]):
     """``dict`` node → Stay, built from per-node codes into a list of distinct stays."""
 
-    __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked", "_by_rank")
+    __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked", "_by_rank",
+                 "_code_list")
 
     def __init__(self, names: Sequence[str], codes: np.ndarray, values: Sequence[Stay], *,
                  source: object = None, index: Mapping[str, int] | None = None) -> None:
         """Node ``names[i]`` has stay ``values[codes[i]]`` (names distinct).  ``source``: the
         pool sequence the names were read from, in order (see :meth:`covers`); ``index``: name →
         position in ``names``, when the caller keeps one (else built on first use)."""
-        super().__init__(zip(names, map(values.__getitem__, codes.tolist())))
+        code_list = codes.tolist()
+        super().__init__(zip(names, map(values.__getitem__, code_list)))
+        self._code_list: list[int] = code_list
         self._names = names
         self._codes = codes
         self._values = values
@@ -78,17 +81,17 @@ class StayMap(dict[str, Stay]):
             rank = [0] * len(self._values)
             for r, c in enumerate(order):
                 rank[c] = r
-            per_node = np.asarray(rank, dtype=np.int64)[self._codes].tolist() if len(self._codes) else []
             leaves = [self._values[c].leave_p for c in order]
             logs = {p: math.log(max(1e-12, 1.0 - p)) for p in set(leaves)}
-            self._by_rank = (per_node, [self._values[c].fraction for c in order], list(map(logs.__getitem__, leaves)))
+            self._by_rank = (rank, [self._values[c].fraction for c in order], list(map(logs.__getitem__, leaves)))
         if self._index is None:
             self._index = dict(zip(self._names, range(len(self._names))))
-        per_node, fractions, logs_of = self._by_rank
+        rank_of, fractions, logs_of = self._by_rank
         at = list(map(self._index.get, names))
         if None in at:
             return None
-        ranks = sorted(map(per_node.__getitem__, at))  # type: ignore[arg-type]  # no None: checked
+        codes = map(self._code_list.__getitem__, at)  # type: ignore[arg-type]  # no None: checked
+        ranks = sorted(map(rank_of.__getitem__, codes))
         return list(zip(accumulate(map(fractions.__getitem__, ranks), initial=0.0),
                         accumulate(map(logs_of.__getitem__, ranks), initial=0.0)))
 
