@@ -6,7 +6,7 @@
 # baseline asha-oracle (each trial's exact promise known when it is asked). Prints the time to a
 # trial within 1 point of the table's best and the node-hours spent on pruned trials, per seed,
 # and the ratios.
-# About 100 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
+# About 120 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
 # The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
@@ -37,3 +37,10 @@ run campaign-theta   malletrain bench campaign --trace "$DATA/traces/theta_2022.
 run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 \
     --modes random-full,asha,asha-promise "$@"
+# A bound on any allocation of the ASHA modes (--bound: the idle node-hours and the order the study
+# asks its cells in, pauses free), 20 seeds, with random-full for the ceiling of a gain over it; the
+# README's figures against asha and asha-promise take their means from the files above. ~10 minutes each.
+run campaign-philly-bound malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 \
+    --modes random-full --bound "$@"
+run campaign-theta-week-bound malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes random-full --bound "$@"

@@ -220,3 +220,50 @@ def test_the_summary_says_which_figures_are_bounds():
     assert lines[3].strip() == "on the 2 seed(s) where both reached it: 1.20x"    # (7200+14400)/(3600+14400)
     missed = {m: runs(m, [None, None]) for m in ("asha", "asha-promise")}
     assert _ratios(missed) == ["neither asha-promise nor asha reached the target within the trace"]
+
+
+def test_idle_capacity_is_the_traces_idle_node_seconds_as_they_accrue():
+    from malletrain.bench.campaign import IdleCapacity
+    from malletrain.replay.engine import idle_node_seconds
+    trace = _trace(nodes=6, hours=6.0)          # node 0 busy from 1 h to 2 h and from 4 h to 5 h
+    cap = IdleCapacity.of(trace)
+    assert cap.cum[-1] == pytest.approx(idle_node_seconds(trace)) == pytest.approx((6 * 6 - 2) * 3600.0)
+    assert cap.earliest(0.0) == 0.0
+    assert cap.earliest(6 * 3600.0) == pytest.approx(3600.0)               # six nodes for the first hour
+    assert cap.earliest(6 * 3600.0 + 5 * 1800.0) == pytest.approx(5400.0)  # then five
+    assert cap.earliest(cap.cum[-1]) == pytest.approx(6 * 3600.0)
+    assert cap.earliest(cap.cum[-1] + 1.0) == float("inf")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_asha_run_reaches_the_target_before_the_bound(table, seed):
+    """The bound (module docstring of malletrain.bench.campaign) is never later than a run of either
+    ASHA mode, and never sooner than the cheapest cell within the target could train on all the idle
+    nodes; with fewer trials at once, more must have ended before a winner is asked: it is later."""
+    from malletrain.bench.campaign import CampaignDriver, IdleCapacity, asha_bound
+    trace = _trace(nodes=6, hours=30.0)
+    cap = IdleCapacity.of(trace)
+    bounds = []
+    for concurrent in (4, 1):
+        setup = CampaignSetup(max_concurrent=concurrent, max_nodes=2, target_points=2.0)
+        target = table.best - setup.target_points
+        bound = asha_bound(cap, table, seed, setup)
+        cheapest = min(c.train_time_s for c in table.cells.values() if c.accuracy >= target)
+        assert bound is not None and bound >= cap.earliest(cheapest) > 0
+        for mode in ("asha", "asha-promise"):
+            out = run_campaign(trace, table, mode, seed, setup)
+            assert out.reached_s is not None and bound <= out.reached_s
+        bounds.append(bound)
+    assert bounds[1] > bounds[0]
+    # one trial at a time: trial k is asked only after all k earlier trials passed their first rung
+    # (less the driver's 1 ms tolerance each), and the bound is the soonest of its cells within the target
+    driver = CampaignDriver(table, "asha", seed, setup, 0.0)
+    rungs, soonest = 0.0, float("inf")
+    for _ in range(300):
+        cell = table.cell(driver.study.ask().params)
+        if cell.accuracy >= target:
+            beta = nas.TrialModel.of(table, cell, seed).beta
+            wall = cell.train_time_s * (1 + beta) / 2
+            soonest = min(soonest, max(cap.earliest(rungs + cell.train_time_s), cap.earliest(rungs) + wall))
+        rungs += cell.train_time_s * setup.min_resource / nas.EPOCHS - 2e-3
+    assert bounds[1] == pytest.approx(soonest, rel=1e-12)

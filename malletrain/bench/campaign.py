@@ -30,20 +30,37 @@ Figures per run: the time from the campaign's start until a complete trial is wi
 ``target_points`` of the table's best (``None``: not within the trace), the node-hours spent
 on trials that were pruned, and the trials asked, pruned and completed.  The replay of a run ends
 at the target (nothing after it is measured).
+
+**A bound** (``--bound``, :func:`asha_bound`): per seed, a time before which no allocation of these
+ASHA modes can reach the target on this trace's idle nodes.  The study's random sampler draws trial
+``k``'s cell from (seed, k) alone, so the cells are known in ask order whatever the allocation; the
+driver asks trial ``k`` only once ``k - max_concurrent + 1`` trials have ended, each after at least
+its first rung; the first complete trial within the target is one of the cells that reach it.  So for
+each such trial ``k``: the idle node-seconds since the start must cover the first rungs of the
+cheapest ``k - max_concurrent + 1`` trials asked before it and then its own 200 epochs, and it
+cannot finish sooner than those epochs take on ``max_nodes`` nodes after it was asked.  Each cost is
+counted at one node (the cheapest in node-seconds: ``T(n) ≤ n·T(1)``); pauses, whole nodes, the
+pruner's promotions and the ticks are left out, all of which only make a real run later.  It is a
+relaxation, so it can be far below what any allocation reaches; it shows a target out of reach
+only where even it is too late.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from malletrain.bench import Report
 
 if TYPE_CHECKING:
     from malletrain.replay.nas import NasTable, TrialModel
     from malletrain.replay.sim import SimCluster
+    from malletrain.replay.traces import NodeTrace
     from malletrain.replay.workload import WorkloadJob
 
 MODES = ("random-full", "asha", "asha-promise", "asha-oracle")
@@ -195,12 +212,65 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
     return out
 
 
+@dataclass(frozen=True)
+class IdleCapacity:
+    """A trace's idle node-seconds since its start: ``cum[i]`` at ``times[i]``, ``levels[i]`` nodes
+    idle until ``times[i + 1]``."""
+
+    times: np.ndarray
+    levels: np.ndarray
+    cum: np.ndarray
+
+    @classmethod
+    def of(cls, trace: NodeTrace) -> IdleCapacity:
+        from malletrain.replay.engine import idle_levels
+        times, levels = idle_levels(trace)
+        return cls(times, levels, np.concatenate([[0.0], np.cumsum(levels * np.diff(times))]))
+
+    def earliest(self, node_s: float) -> float:
+        """The first time by which the nodes were idle ``node_s`` node-seconds in all (inf: never
+        within the trace)."""
+        if node_s <= 0:
+            return float(self.times[0])
+        i = int(np.searchsorted(self.cum, node_s))
+        if i >= len(self.cum):
+            return math.inf
+        return float(self.times[i - 1] + (node_s - self.cum[i - 1]) / self.levels[i - 1])
+
+
+def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: CampaignSetup) -> float | None:
+    """The time from the start before which no allocation of the ASHA modes reaches the target in
+    the run of ``seed`` (module docstring, "A bound"); ``None``: not within the trace."""
+    from malletrain.replay.nas import EPOCHS, TrialModel
+    start = float(capacity.times[0])
+    driver = CampaignDriver(table, "asha", seed, setup, start)     # for its study's asks only
+    rung_share = setup.min_resource / EPOCHS
+    slack_s = setup.max_nodes * 1e-3       # a rung counts as passed 1 ms of running early (the driver's tolerance)
+    unspent: list[float] = []   # first-rung node-seconds of the trials asked so far and not yet counted
+    ended_s = 0.0               # the cheapest first rungs of the trials that must have ended
+    best = math.inf
+    for number in range(setup.max_trials):
+        cell = table.cell(driver.study.ask().params)
+        if number >= setup.max_concurrent:
+            ended_s += heapq.heappop(unspent)
+        asked = capacity.earliest(ended_s)
+        if asked - start >= best:
+            break
+        if cell.accuracy >= driver.target:
+            beta = TrialModel.of(table, cell, seed).beta
+            wall_s = cell.train_time_s * (1.0 + beta * (setup.max_nodes - 1)) / setup.max_nodes
+            best = min(best, max(capacity.earliest(ended_s + cell.train_time_s), asked + wall_s) - start)
+        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - slack_s))
+    return None if math.isinf(best) or best > capacity.times[-1] - start else best
+
+
 def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, seeds: int = 3, nodes: int | None = None,
                    start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
                    interval_s: float = 30.0, progress: bool = True, first_seed: int = 0,
-                   objective: str = "samples") -> Report:
+                   objective: str = "samples", bound: bool = False) -> Report:
     """Every mode over ``seeds`` seeds (``first_seed`` on) on one trace (module docstring); the
-    figures and ratios.  A run's seed fixes its study, its trials' learning curves and the noise:
+    figures and ratios; with ``bound``, :func:`asha_bound` per seed and the most any allocation of
+    the ASHA modes could gain.  A run's seed fixes its study, its trials' learning curves and the noise:
     seeds 5–9 run alone are the same runs as within seeds 0–9."""
     from malletrain.replay.nas import load_table
     from malletrain.replay.traces import load_trace
@@ -232,11 +302,40 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                      f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
                      f"{statistics.fmean(o.completed for o in got):.0f}")
     lines += _ratios(outcomes)
+    bounds: list[float | None] = []
+    if bound:
+        capacity = IdleCapacity.of(trace)
+        for seed in range(first_seed, first_seed + seeds):
+            bounds.append(asha_bound(capacity, table, seed, setup))
+            if progress:
+                print(f"  {'bound':13s} seed {seed}: {_hours(bounds[-1])} at the earliest", file=sys.stderr)
+        lines += _bound_lines(bounds, trace.end_s - trace.start_s, outcomes)
     data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
-            "setup": setup.__dict__,
+            "setup": setup.__dict__, "bound_s": bounds if bound else None,
             "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}
                      for got in outcomes.values() for o in got]}
     return Report(data, lines)
+
+
+def _bound_lines(bounds: list[float | None], span_s: float, outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
+    """The bound's figures, and the most any allocation of the ASHA modes could gain over each mode
+    run: that mode's mean time over the bound's (a seed the bound puts beyond the trace counts the
+    trace's span, as a run that missed the target does)."""
+    times = [span_s if b is None else b for b in bounds]
+    mean = statistics.fmean(times)    # > 0: a trial's own epochs take time
+    out = [f"{'bound':13s} to target: mean {'>' if None in bounds else ''}{mean / 3600:.2f} h, per seed "
+           f"{', '.join(_hours(b) for b in bounds)}: no allocation of the ASHA modes reaches it sooner (the idle "
+           "node-hours and the ask order alone, pauses free: module docstring)"]
+    for mode, got in outcomes.items():
+        theirs = statistics.fmean(_time(o) for o in got) / mean
+        missed = any(o.reached_s is None for o in got)
+        if mode in PROMISING:
+            out.append(f"  {mode} takes {'at least ' if missed else ''}{theirs:.2f}x the bound's time")
+        else:
+            note = (f" ({mode} missed the target in some runs: its mean, and so this figure, is a lower bound)"
+                    if missed else "")
+            out.append(f"  no allocation of the ASHA modes reaches it more than {theirs:.2f}x sooner than {mode}{note}")
+    return out
 
 
 def _time(o: CampaignOutcome) -> float:

@@ -89,15 +89,17 @@ def node_order(trace: NodeTrace) -> np.ndarray:
     return np.argsort(trace.node_idx, kind="stable")
 
 
-def idle_node_seconds(trace: NodeTrace, order: np.ndarray | None = None) -> float:
-    """∫ number of idle nodes dt over the trace window (vectorised).
+def idle_levels(trace: NodeTrace, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The number of idle nodes over the trace window, as a step function: ``(times, levels)``,
+    ``levels[i]`` nodes idle from ``times[i]`` to ``times[i + 1]`` (``len(times) == len(levels) + 1``;
+    vectorised).
 
-    An event counts only when it flips its node's state; ``order`` is
-    :func:`node_order` if the caller has it already.
+    An event counts only when it flips its node's state; ``order`` is :func:`node_order` if the
+    caller has it already.
     """
     n0 = int((~trace.initial_busy).sum())
     if trace.n_events == 0:
-        return n0 * (trace.end_s - trace.start_s)
+        return np.array([trace.start_s, trace.end_s]), np.array([float(n0)])
     order = node_order(trace) if order is None else order
     idx_sorted = trace.node_idx[order]
     busy_sorted = trace.busy[order]
@@ -110,6 +112,12 @@ def idle_node_seconds(trace: NodeTrace, order: np.ndarray | None = None) -> floa
     delta[order] = np.where(busy_sorted, -1.0, 1.0) * (busy_sorted != prev)
     levels = np.concatenate([[n0], n0 + np.cumsum(delta)])
     times = np.concatenate([[trace.start_s], trace.times, [trace.end_s]])
+    return times, levels
+
+
+def idle_node_seconds(trace: NodeTrace, order: np.ndarray | None = None) -> float:
+    """∫ number of idle nodes dt over the trace window (:func:`idle_levels`)."""
+    times, levels = idle_levels(trace, order)
     return float(np.sum(levels * np.diff(times)))
 
 
