@@ -67,11 +67,15 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
     opts = engine.ReplayOptions(core=core, max_jobs=max_jobs, noise=0.05, seed=0)
     plans = hashlib.sha256()
     run_cycle = engine.run_cycle
+    last: list = [None, 0]      # the last cycle's allocations; fresh decisions that gave them again
 
     def hashed(*args, **kwargs):
         res = run_cycle(*args, **kwargs)
         plans.update(repr((sorted(res.plan.allocations.items()), [(a.job_id, a.kind.value, a.to_nodes, a.code.value,
                                                                    a.reason) for a in res.actions])).encode())
+        if not res.reused and not res.actions and res.plan.allocations == last[0]:
+            last[1] += 1
+        last[0] = res.plan.allocations
         return res
     if digest:
         engine.run_cycle = hashed       # type: ignore[assignment]
@@ -85,7 +89,7 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
     return {"wall_s": s.wall_s, "decisions": s.decisions, "reused": s.decisions_reused,
             "p50_ms": s.decision_ms_p50, "p95_ms": s.decision_ms_p95, "useful": s.useful_samples,
             "lost_pause": s.lost_samples + s.rescale_pause_samples,
-            "plans": plans.hexdigest()[:16] if digest else None}
+            "plans": plans.hexdigest()[:16] if digest else None, "repeated": last[1] if digest else None}
 
 
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
@@ -93,8 +97,10 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
                     digest: bool = False) -> Report:
     """``out``: where each line goes as soon as it is measured (None: nowhere).  ``digest``: each
     replay line also names a digest of every plan (allocations, actions and reasons) and of the
-    jobs' progress, to compare two commits; the hashing slows the replays, so timings taken
-    with it are not the figures."""
+    jobs' progress, to compare two commits, and counts the decisions made afresh that changed
+    nothing (no action, the last cycle's allocations again): the work a cheaper test for "nothing
+    changed" could save.  The hashing slows the replays, so timings taken with it are not the
+    figures."""
     from devtools.datasets import default_data_dir
     from malletrain.bench.allocator import bench_allocator
     data = data or default_data_dir()
@@ -117,7 +123,7 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
             say(f"replay {label}: forecasts {mode} {r['wall_s']:7.1f} s wall, {r['decisions']:6d} decisions "
                 f"+ {r['reused']:6d} unchanged, p50 {r['p50_ms']:6.2f} ms, p95 {r['p95_ms']:6.2f} ms, useful "
                 f"{r['useful']:.4g}, lost+pause {r['lost_pause']:.4g}"
-                + (f", plans {r['plans']}" if digest else ""))
+                + (f", plans {r['plans']} ({r['repeated']} decisions gave the last plan again)" if digest else ""))
         say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
             f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
             f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")
