@@ -67,6 +67,7 @@ MODES = ("random-full", "asha", "asha-promise", "asha-oracle")
 DEFAULT_MODES = MODES[:3]     # the oracle is asked for by name (a bound, not a mode)
 PROMISING = ("asha-promise", "asha-oracle")
 USER = "researcher"
+RUNG_EARLY_S = 1e-3     # a rung counts as passed this much running time early (float rounding of `done`)
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class CampaignDriver:
             j = sim.jobs.get(jid)
             if j is None:
                 continue
-            tol = max(1e-9 * j.work, j.rate * 1e-3)
+            tol = max(1e-9 * j.work, j.rate * RUNG_EARLY_S)
             while lv.rung < len(self.rungs) and j.done >= self.rung_samples[lv.rung] - tol:
                 epoch = self.rungs[lv.rung]
                 if self.study.report(lv.number, epoch, lv.model.accuracy(epoch, lv.rung)):
@@ -245,7 +246,7 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
     start = float(capacity.times[0])
     driver = CampaignDriver(table, "asha", seed, setup, start)     # for its study's asks only
     rung_share = setup.min_resource / EPOCHS
-    slack_s = setup.max_nodes * 1e-3       # a rung counts as passed 1 ms of running early (the driver's tolerance)
+    slack_s = setup.max_nodes * RUNG_EARLY_S     # node-seconds a rung may count as passed early (the driver's)
     unspent: list[float] = []   # first-rung node-seconds of the trials asked so far and not yet counted
     ended_s = 0.0               # the cheapest first rungs of the trials that must have ended
     best = math.inf
