@@ -801,10 +801,14 @@ def test_adapted_script_under_torchrun_is_resized_killed_and_preempted_and_finis
                    "the primary job to get all 4 nodes")
         wait_until(lambda: any(r["event"] == "exit" and r.get("reason") == "done"
                                for r in metrics_records(tmp_path, job)), 400, f"the {framework} job to finish")
+        # the exit record is written when training ends; the script's own code after that (the
+        # HF example's save_model) runs before the job leaves the queue
+        wait_until(lambda: job not in cluster.jobs(), 120, f"the {framework} job to leave the queue")
     finally:
         d.stop()
         ref_out, ref_err = ref.communicate(timeout=300)
     assert ref.returncode == 0, ref_err[-2000:]
+    assert cluster.job_times(job)["JobState"] == "COMPLETED"
     recs = metrics_records(tmp_path, job)
     worlds = [r["world"] for r in recs if r["event"] == "start"]
     stops = [r for r in recs if r["event"] == "exit" and r.get("reason") == "signal"]
