@@ -10,6 +10,9 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    round-robin over owners (FIFO within one), at most ``probes_per_owner`` of
    one owner's jobs at once.  (A probe that yields nothing is withdrawn by the
    curve source after ``probe_timeout_s``, see :mod:`malletrain.core.curves`.)
+   An owner's further jobs with no measurement probe only on the nodes left
+   over after step 4 (*spare probes*, :func:`_spare_probes`): never on a node
+   another job got, and the first to yield.
 3. *Starving* jobs (``starvation_s`` > 0): an admitted job that has waited
    ``starvation_s`` without nodes gets ``min_nodes`` before the others are
    sized (longest wait first, while capacity lasts), and a job whose size
@@ -147,6 +150,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             pin(j, r)
     free_jobs = [j for j in jobs if j.job_id not in targets]
 
+    spare: list[tuple[JobState, Curve, int]] = []     # over its owner's limit: nodes left over only
     if config.policy == "malletrain":
         probing = at_probe          # every pinned job holds nodes: those at a wanted count, per owner
         granted: set[str] = set()
@@ -168,6 +172,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                     reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: its owner has {limit} jobs probing "
                                                                 f"already (probes_per_owner)")
                     granted.add(j.job_id)
+                    spare.append((j, c, p))
             elif t is not None and cap[t] >= p:
                 targets[j.job_id] = (t, p)
                 cap[t] -= p
@@ -216,11 +221,42 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             reasons[j.job_id] = (promoted.get(j.job_id)
                                  or _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook)))
 
+    if spare:
+        _spare_probes(spare, types, limit, targets, reasons)
     exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
     alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
+
+
+def _spare_probes(spare: Sequence[tuple[JobState, Curve, int]], types: Mapping[str, int], limit: int,
+                  targets: dict[str, tuple[str | None, int]], reasons: dict[str, Reason]) -> None:
+    """Probes beyond ``probes_per_owner``, on the nodes no job got this cycle (work-conserving:
+    a campaign's waiting trials measure on nodes nobody else wants instead of leaving them
+    idle).  They come after every other job, the allocator's included, so they never take a
+    node another job was given; they are not pinned, so next cycle they yield first.  A job
+    already measuring at a wanted count keeps that count where it still fits (no needless
+    restart); else it probes at ``probe`` (the size the probe step chose) where that fits.  In
+    the jobs' probe order (owners in turn)."""
+    left = Counter(types)
+    for t, n in targets.values():
+        if t is not None and n > 0:
+            left[t] -= n
+    for j, c, probe in spare:
+        t = j.node_type or _best_type(+left)
+        if t is None:
+            break
+        if j.size and j.size in c.wanted and left[t] >= j.size:
+            n, what = j.size, f"keep {j.size}: measuring"
+        elif left[t] >= probe:
+            n, what = probe, f"probe at {probe} nodes"
+        else:
+            continue
+        left[t] -= n
+        targets[j.job_id] = (t, n)
+        reasons[j.job_id] = (ReasonCode.SPARE_PROBE, f"{what} on nodes no other job got this cycle (its owner "
+                                                     f"has {limit} jobs probing already; these yield first)")
 
 
 def _fair_shares(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[str], dict[str, float]]:
