@@ -258,6 +258,7 @@ def test_spare_probes_take_no_node_another_job_got_and_yield_first(monkeypatch):
         p = decide(s, curves, CoreConfig(probes_per_owner=2))
         with monkeypatch.context() as m:
             m.setattr(D, "_spare_probes", lambda *a: None)
+            m.setattr(D, "_keep_measuring", lambda measuring, solved, *a: (solved, set()))
             without = decide(s, curves, CoreConfig(probes_per_owner=2))
         spare = {a.job_id for a in p.actions if a.code.value == "spare-probe"}
         checked += bool(spare)
@@ -275,6 +276,13 @@ def test_spare_probes_take_no_node_another_job_got_and_yield_first(monkeypatch):
     assert [a.code.value for a in p.actions] == ["measuring", "measuring", "spare-probe", "spare-probe"]
     p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
     assert {j: len(v) for j, v in p.allocations.items()} == {"m0": 1, "m1": 1, "m2": 0, "m3": 0, "a": 6}
+    # ... but not to Mallory's own measured job: it grows only onto the nodes nobody holds
+    jobs[4] = _owned("m9", "mallory", hi=8)
+    curves["m9"] = fit(5.0)
+    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
+    assert {j: len(v) for j, v in p.allocations.items()} == {"m0": 1, "m1": 1, "m2": 1, "m3": 1, "m9": 4}
+    assert [a.code.value for a in p.actions][2:4] == ["spare-probe", "spare-probe"]
+    assert all("keep 1: measuring" in a.reason for a in p.actions[2:4])
 
 
 def test_jobs_without_an_owner_are_each_their_own_party():
