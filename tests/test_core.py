@@ -213,76 +213,17 @@ def test_probes_go_round_robin_over_owners_and_at_most_probes_per_owner():
     p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
     probed = {a.job_id for a in p.actions if a.code.value == "probe"}
     assert probed == {"m0", "m1", "a"}
-    # Mallory's others probe only on the nodes left over (5 of 8), in FIFO order
-    spare = [a.job_id for a in p.actions if a.code.value == "spare-probe"]
-    assert spare == ["m2", "m3", "m4", "m5"] and all("probing already" in a.reason for a in p.actions
-                                                     if a.job_id in spare)
-    p = decide(snap(4, jobs), curves, CoreConfig(probes_per_owner=2))
-    assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"m0", "m1", "a"}
-    assert [a.job_id for a in p.actions if a.code.value == "spare-probe"] == ["m2"]
-    waiting = {a.job_id: a.reason for a in p.actions if a.code.value == "probe-wait"}
-    assert set(waiting) == {"m3", "m4", "m5"} and all("probes_per_owner" in r for r in waiting.values())
+    waiting = {a.job_id: a.reason for a in p.actions if a.job_id not in probed}
+    assert all("probes_per_owner" in r for r in waiting.values())
     # jobs still measuring count against their owner's limit
     jobs[0] = _owned("m0", "mallory", held=["n0"], changed=990.0)
     jobs[1] = _owned("m1", "mallory", held=["n1"], changed=990.0)
-    p = decide(snap(4, jobs), curves, CoreConfig(probes_per_owner=2))
+    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
     assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"a"}
-    assert [a.job_id for a in p.actions if a.code.value == "spare-probe"] == ["m2"]
     # without a limit, FIFO over owners in turn
     p = decide(snap(3, [_owned(f"m{i}", "mallory") for i in range(4)] + [_owned("a", "alice")]),
                curves, CoreConfig(probes_per_owner=0))
     assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"m0", "a", "m1"}
-
-
-def test_spare_probes_take_no_node_another_job_got_and_yield_first(monkeypatch):
-    import random
-
-    import malletrain.core.decide as D
-    rng = random.Random(7)
-    fit = lambda k: Curve({n: CurvePoint(k * n, k * n, k * n) for n in range(1, 9)}, None, "fit")   # noqa: E731
-    checked = 0
-    for _ in range(200):
-        n_nodes = rng.randint(2, 16)
-        names = iter(f"n{i}" for i in range(n_nodes))
-        jobs, curves = [], {}
-        for i in range(rng.randint(1, 3)):          # Alice's and Bob's jobs: fitted, some holding nodes
-            owner = rng.choice(["alice", "bob"])
-            held = [x for x in (next(names, None) for _ in range(rng.randint(0, 2))) if x]
-            jobs.append(_owned(f"{owner[0]}{i}", owner, held=held, hi=rng.randint(1, 8)))
-            curves[jobs[-1].job_id] = fit(rng.uniform(1, 10))
-        for i in range(rng.randint(3, 6)):          # Mallory's: no measurement, some measuring at 1
-            held = [x for x in [next(names, None)] if x and rng.random() < 0.5]
-            jobs.append(_owned(f"m{i}", "mallory", held=held, changed=500.0 if held else None))
-            curves[f"m{i}"] = Curve({}, 1, "no-data")
-        s = snap(n_nodes, jobs)
-        p = decide(s, curves, CoreConfig(probes_per_owner=2))
-        with monkeypatch.context() as m:
-            m.setattr(D, "_spare_probes", lambda *a: None)
-            m.setattr(D, "_keep_measuring", lambda measuring, solved, *a: (solved, set()))
-            without = decide(s, curves, CoreConfig(probes_per_owner=2))
-        spare = {a.job_id for a in p.actions if a.code.value == "spare-probe"}
-        checked += bool(spare)
-        for j in jobs:      # nobody else's count moves; the spare probes only hold nodes no one else got
-            if j.job_id not in spare:
-                assert len(p.allocations.get(j.job_id, ())) == len(without.allocations.get(j.job_id, ()))
-        used = sum(len(v) for v in without.allocations.values())
-        assert sum(len(p.allocations[j]) for j in spare) <= n_nodes - used
-    assert checked > 50
-    # Alice's job wants every node: Mallory's spare probes (measuring at 1) give theirs back at once,
-    # her two probes within probes_per_owner keep theirs
-    jobs = [_owned(f"m{i}", "mallory", held=[f"n{i}"], changed=990.0) for i in range(4)] + [_owned("a", "alice", hi=8)]
-    curves = {**{f"m{i}": Curve({}, 1, "no-data") for i in range(4)}, "a": fit(5.0)}
-    p = decide(snap(8, jobs[:4]), curves, CoreConfig(probes_per_owner=2))
-    assert [a.code.value for a in p.actions] == ["measuring", "measuring", "spare-probe", "spare-probe"]
-    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
-    assert {j: len(v) for j, v in p.allocations.items()} == {"m0": 1, "m1": 1, "m2": 0, "m3": 0, "a": 6}
-    # ... but not to Mallory's own measured job: it grows only onto the nodes nobody holds
-    jobs[4] = _owned("m9", "mallory", hi=8)
-    curves["m9"] = fit(5.0)
-    p = decide(snap(8, jobs), curves, CoreConfig(probes_per_owner=2))
-    assert {j: len(v) for j, v in p.allocations.items()} == {"m0": 1, "m1": 1, "m2": 1, "m3": 1, "m9": 4}
-    assert [a.code.value for a in p.actions][2:4] == ["spare-probe", "spare-probe"]
-    assert all("keep 1: measuring" in a.reason for a in p.actions[2:4])
 
 
 def test_jobs_without_an_owner_are_each_their_own_party():
@@ -357,11 +298,9 @@ def test_a_probe_in_its_rescale_pause_counts_against_its_owner():
             _owned("m1", "mallory", held=["n1"], changed=990.0, paused=1010.0),
             _owned("m2", "mallory"), _owned("a", "alice")]
     curves = {j.job_id: Curve({}, 1, "no-data") for j in jobs}
-    p = decide(snap(3, jobs), curves, CoreConfig(probes_per_owner=2))
+    p = decide(snap(4, jobs), curves, CoreConfig(probes_per_owner=2))
     assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"a"}
     assert not p.allocations.get("m2")
-    p = decide(snap(4, jobs), curves, CoreConfig(probes_per_owner=2))     # a node left over: a spare probe
-    assert [a.code.value for a in p.actions if a.job_id in ("m2", "a")] == ["spare-probe", "probe"]
 
 
 def test_owners_holding_fewer_nodes_probe_first_and_long_pauses_do_not_stretch_probes():

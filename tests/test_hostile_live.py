@@ -205,9 +205,8 @@ def test_hostile_user_cannot_steer_crash_or_starve_the_daemon(clean, users, user
     assert ran == {"garbage", "inflate", "poison"}, f"only {ran} got nodes: the attack was not tried"
 
     # ------------------------------------------------ Alice kept her service
-    # Mallory's probes (at most probes_per_owner jobs at a time, more only on nodes left over; each
-    # withdrawn after probe_timeout_s without a measurement) may displace Alice for a while; they
-    # may not keep her off the nodes
+    # Mallory's probes (at most probes_per_owner jobs at a time, each withdrawn after probe_timeout_s
+    # without a measurement) may displace Alice for a while; they may not keep her off the nodes
     # (counted in cycles, so a slow machine does not read as starvation)
     longest, since = 0, None
     for cycle in sorted(alice_sizes):

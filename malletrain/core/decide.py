@@ -10,9 +10,6 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    round-robin over owners (FIFO within one), at most ``probes_per_owner`` of
    one owner's jobs at once.  (A probe that yields nothing is withdrawn by the
    curve source after ``probe_timeout_s``, see :mod:`malletrain.core.curves`.)
-   An owner's further jobs with no measurement probe only on the nodes left
-   over after step 4 (*spare probes*, :func:`_spare_probes`): never on a node
-   another job got, and the first to yield.
 3. *Starving* jobs (``starvation_s`` > 0): an admitted job that has waited
    ``starvation_s`` without nodes gets ``min_nodes`` before the others are
    sized (longest wait first, while capacity lasts), and a job whose size
@@ -150,7 +147,6 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             pin(j, r)
     free_jobs = [j for j in jobs if j.job_id not in targets]
 
-    spare: list[tuple[JobState, Curve, int]] = []     # over its owner's limit: nodes left over only
     if config.policy == "malletrain":
         probing = at_probe          # every pinned job holds nodes: those at a wanted count, per owner
         granted: set[str] = set()
@@ -172,7 +168,6 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                     reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: its owner has {limit} jobs probing "
                                                                 f"already (probes_per_owner)")
                     granted.add(j.job_id)
-                    spare.append((j, c, p))
             elif t is not None and cap[t] >= p:
                 targets[j.job_id] = (t, p)
                 cap[t] -= p
@@ -205,96 +200,27 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                                  else _reason(j, n, curves.get(j.job_id), config, Problem((), {}),
                                               _cost(j, outlook)))
     else:
+        equivalents: dict[str, tuple[Option, ...]] = {}
         compared = _differing_owners(free_jobs, outlook.promise) if config.promise else frozenset()
+        problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets, compared, equivalents)
         method = "greedy" if config.policy == "greedy" else config.allocator
-
-        def solve(room: Counter) -> tuple[Problem, float, str, dict, dict, list[str]]:
-            equivalents: dict[str, tuple[Option, ...]] = {}
-            problem = _problem(free_jobs, curves, room, config, pool, outlook, snapshot, targets, compared, equivalents)
-            alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
-            said = list(alloc.notes)
-            sizes = dict(alloc.sizes)
-            promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
-                                    config, said) if compared else {})
-            return problem, alloc.objective, alloc.solver, sizes, promoted, said
-
-        solved = solve(cap)
-        holding = [(j, c, p) for j, c, p in spare if j.size and j.node_type and j.size in c.wanted]
-        if holding:
-            solved, kept = _keep_measuring(holding, solved, solve, cap, free_jobs, limit, targets, reasons)
-            spare = [x for x in spare if x[0].job_id not in kept]
-        problem, objective, solver, sizes, promoted, said = solved
-        notes.extend(said)
+        alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
+        objective, solver = alloc.objective, alloc.solver
+        notes.extend(alloc.notes)
+        sizes = dict(alloc.sizes)
+        promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
+                                config, notes) if compared else {})
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
             targets[j.job_id] = (t, n)
             reasons[j.job_id] = (promoted.get(j.job_id)
                                  or _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook)))
 
-    if spare:
-        _spare_probes(spare, types, limit, targets, reasons)
     exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
     alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
-
-
-def _keep_measuring(measuring: Sequence[tuple[JobState, Curve, int]], solved: tuple, solve: Callable[[Counter], tuple],
-                    cap: Counter, free_jobs: Sequence[JobState], limit: int,
-                    targets: dict[str, tuple[str | None, int]], reasons: dict[str, Reason]) -> tuple[tuple, set[str]]:
-    """Spare probes already measuring keep their nodes against their own owner's jobs: the
-    allocation is solved again without their nodes, and that one stands when it gives every
-    job of another owner the same size as the first (so no other user's count ever depends on
-    them); else they yield as spare probes do.  Without this a campaign's measured trials grew
-    onto the nodes its spare probes were measuring on, cycle after cycle (a Philly-day run:
-    7,501 spare probes started, 6,008 stopped, most before they measured).  Returns the solve
-    that stands and the jobs kept."""
-    room = cap.copy()
-    for j, _, _ in measuring:
-        room[j.node_type] -= j.size
-    if any(v < 0 for v in room.values()):
-        return solved, set()
-    again = solve(room)
-    owners = {_owner(j) for j, _, _ in measuring}
-    first, second = solved[3], again[3]
-    if any(first.get(j.job_id, (None, 0)) != second.get(j.job_id, (None, 0))
-           for j in free_jobs if _owner(j) not in owners):
-        return solved, set()
-    for j, _, _ in measuring:
-        targets[j.job_id] = (j.node_type, j.size)
-        reasons[j.job_id] = (ReasonCode.SPARE_PROBE, f"keep {j.size}: measuring on nodes no other user's job "
-                                                     f"wants (its owner has {limit} jobs probing already)")
-    return again, {j.job_id for j, _, _ in measuring}
-
-
-def _spare_probes(spare: Sequence[tuple[JobState, Curve, int]], types: Mapping[str, int], limit: int,
-                  targets: dict[str, tuple[str | None, int]], reasons: dict[str, Reason]) -> None:
-    """Probes beyond ``probes_per_owner``, on the nodes no job got this cycle (work-conserving:
-    a campaign's waiting trials measure on nodes nobody else wants instead of leaving them
-    idle).  They come after every other job, the allocator's included, so they never take a
-    node another job was given; they are not pinned, so next cycle they yield first.  A job
-    already measuring at a wanted count keeps that count where it still fits (no needless
-    restart); else it probes at ``probe`` (the size the probe step chose) where that fits.  In
-    the jobs' probe order (owners in turn)."""
-    left = Counter(types)
-    for t, n in targets.values():
-        if t is not None and n > 0:
-            left[t] -= n
-    for j, c, probe in spare:
-        t = j.node_type or _best_type(+left)
-        if t is None:
-            break
-        if j.size and j.size in c.wanted and left[t] >= j.size:
-            n, what = j.size, f"keep {j.size}: measuring"
-        elif left[t] >= probe:
-            n, what = probe, f"probe at {probe} nodes"
-        else:
-            continue
-        left[t] -= n
-        targets[j.job_id] = (t, n)
-        reasons[j.job_id] = (ReasonCode.SPARE_PROBE, f"{what} on nodes no other job got this cycle (its owner "
-                                                     f"has {limit} jobs probing already; these yield first)")
 
 
 def _fair_shares(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[str], dict[str, float]]:

@@ -38,8 +38,7 @@ class CoreConfig:
     # probing (malletrain policy): a job with no measurement is run at a probe count first
     probe_timeout_s: float = 600.0  # a probe that yields no measurement by then is given up (then retried
                                     # after a doubling back-off); 0 = wait for ever
-    probes_per_owner: int = 2      # jobs of one owner probing at once (0 = no limit); probes go round-robin;
-                                   # more only as spare probes, on nodes no other job got (decide)
+    probes_per_owner: int = 2      # jobs of one owner probing at once (0 = no limit); probes go round-robin
     # what the objective counts (docs: "The objective"): 'samples' (samples/s summed over jobs),
     # 'speedup' (each job's rate over its per-node rate at min_nodes: node-equivalents, unit-free),
     # 'progress' (fraction of each job's work per second; jobs without a known work count as 'speedup')

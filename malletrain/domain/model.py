@@ -58,7 +58,6 @@ class ReasonCode(enum.Enum):
     MEASURING = "measuring"              # keep: the JPA is measuring this count
     PROBE = "probe"                      # start/resize to a count the JPA has not measured
     PROBE_WAIT = "probe-wait"            # wait: too few free nodes for the probe
-    SPARE_PROBE = "spare-probe"          # probe beyond probes_per_owner, on nodes no other job got
     BEST_AS_IS = "best-as-is"            # keep: no change beats the current size
     GAIN = "gain"                        # start/grow: predicted gain outweighs the pause
     YIELD = "yield"                      # stop/shrink: the nodes are worth more elsewhere or gone
