@@ -55,6 +55,7 @@ def main():
     if dist.get_rank() == 0:
         torch.save(model.module.state_dict(), args.out)
     status = mt.close()  # malletrain: the final checkpoint; 0 done, 3 stopped (the job requeues)
+    dist.barrier()      # every rank done before the group is torn down
     dist.destroy_process_group()
     raise SystemExit(status)  # malletrain
 

@@ -49,6 +49,7 @@ def main():
             print(f"epoch {epoch} val_acc {acc:.4f}", flush=True)
     if dist.get_rank() == 0:
         torch.save(model.module.state_dict(), args.out)
+    dist.barrier()      # every rank done before the group is torn down
     dist.destroy_process_group()
 
 
