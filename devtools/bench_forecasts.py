@@ -67,7 +67,7 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
     opts = engine.ReplayOptions(core=core, max_jobs=max_jobs, noise=0.05, seed=0)
     plans = hashlib.sha256()
     run_cycle = engine.run_cycle
-    last: list = [None, 0]      # the last cycle's allocations; fresh decisions that gave them again
+    last: list = [None, 0, 0]   # the last cycle's allocations; fresh decisions that gave them again; that stood
 
     def hashed(*args, **kwargs):
         res = run_cycle(*args, **kwargs)
@@ -75,6 +75,7 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
                                                                    a.reason) for a in res.actions])).encode())
         if not res.reused and not res.actions and res.plan.allocations == last[0]:
             last[1] += 1
+        last[2] += res.stood
         last[0] = res.plan.allocations
         return res
     if digest:
@@ -89,7 +90,8 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
     return {"wall_s": s.wall_s, "decisions": s.decisions, "reused": s.decisions_reused,
             "p50_ms": s.decision_ms_p50, "p95_ms": s.decision_ms_p95, "useful": s.useful_samples,
             "lost_pause": s.lost_samples + s.rescale_pause_samples,
-            "plans": plans.hexdigest()[:16] if digest else None, "repeated": last[1] if digest else None}
+            "plans": plans.hexdigest()[:16] if digest else None, "repeated": last[1] if digest else None,
+            "stood": last[2] if digest else None}
 
 
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
@@ -123,7 +125,8 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
             say(f"replay {label}: forecasts {mode} {r['wall_s']:7.1f} s wall, {r['decisions']:6d} decisions "
                 f"+ {r['reused']:6d} unchanged, p50 {r['p50_ms']:6.2f} ms, p95 {r['p95_ms']:6.2f} ms, useful "
                 f"{r['useful']:.4g}, lost+pause {r['lost_pause']:.4g}"
-                + (f", plans {r['plans']} ({r['repeated']} decisions gave the last plan again)" if digest else ""))
+                + (f", plans {r['plans']} ({r['repeated']} decisions gave the last plan again, "
+                   f"{r['stood']} of them found it stands under moved stays)" if digest else ""))
         say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
             f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
             f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")

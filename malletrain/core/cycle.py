@@ -26,6 +26,7 @@ class CycleResult:
     actions: tuple[Action, ...]
     decision_ms: float
     reused: bool = False      # inputs unchanged: the previous plan stands
+    stood: bool = False       # only the node stays moved, and decide found the previous plan stands
 
 
 @dataclass
@@ -35,7 +36,10 @@ class CycleMemo:
     ``decide`` is deterministic; when the backend's generation, every curve
     object (held here, compared by identity), the outlook (compared by value)
     and the set of pinned jobs are unchanged, the plan would be the same and is
-    not recomputed.
+    not recomputed.  When only the outlook's node stays moved (they do as idle
+    nodes age), the plan goes to ``decide`` as ``standing``: it values the jobs'
+    options under the new stays and keeps the plan where that provably gives
+    the same decision.
     """
 
     generation: int | None = None
@@ -50,6 +54,12 @@ def _pins(snapshot: Snapshot, config: CoreConfig) -> tuple:
     return tuple((j.job_id, j.paused_until_s > now,
                   config.min_dwell_s > 0 and j.last_change_s is not None
                   and now - j.last_change_s < config.min_dwell_s) for j in snapshot.jobs)
+
+
+def _only_stays_moved(before: Outlook, now: Outlook) -> bool:
+    """The two outlooks differ at most in their node stays (learned pauses, sensitivities and
+    promises the same: compared as a tuple, so a mapping that is the same object stops at identity)."""
+    return (before.costs, before.sensitive, before.promise) == (now.costs, now.sensitive, now.promise)
 
 
 def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
@@ -117,14 +127,21 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     outlook = forecast.outlook(obs.snapshot) if forecast is not None else NO_OUTLOOK
     if config.promise and (promise := metrics.promises()):
         outlook = replace(outlook, promise=promise)
+    standing = None
     if memo is not None and obs.generation is not None:
         cur = tuple(curves.items())
         if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
-                and memo.outlook == outlook and len(cur) == len(memo.curves)
+                and len(cur) == len(memo.curves)
                 and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cur, memo.curves))):
-            return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
-    plan = decide(obs.snapshot, curves, config, outlook)
+            if memo.outlook == outlook:
+                return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
+            if _only_stays_moved(memo.outlook, outlook):
+                standing = memo.plan
+    plan = decide(obs.snapshot, curves, config, outlook, standing)
     ms = (time.perf_counter() - t0) * 1000.0
+    if standing is not None and plan is standing and memo is not None:
+        memo.outlook = outlook
+        return CycleResult(plan, (), ms, stood=True)
     for note in plan.notes:   # solver timeouts, fallbacks: say why
         log.warning("t=%.0f %s", obs.snapshot.now_s, note)
     actions = reconcile(obs.snapshot, plan)

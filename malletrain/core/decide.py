@@ -30,6 +30,7 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -108,7 +109,14 @@ def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreCo
 
 
 def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
-           outlook: Outlook = NO_OUTLOOK) -> Plan:
+           outlook: Outlook = NO_OUTLOOK, standing: Plan | None = None) -> Plan:
+    """The plan for ``snapshot`` (module docstring).
+
+    ``standing``: a plan that changed nothing, made for this very state (the same jobs on the
+    same nodes, pins, curves, learned pauses, sensitivities and promises) under other node
+    stays; the cycle hands it over when only the stays moved.  It is returned as it is when the
+    new stays provably give the same decision (:func:`_stands`), which saves the allocation and
+    the placement; its ``objective`` is then the one it was made with."""
     now = snapshot.now_s
     if config.policy not in FORECAST_POLICIES:
         outlook = NO_OUTLOOK
@@ -204,6 +212,8 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         compared = _differing_owners(free_jobs, outlook.promise) if config.promise else frozenset()
         problem = _problem(free_jobs, curves, cap, config, pool, outlook, snapshot, targets, compared, equivalents)
         method = "greedy" if config.policy == "greedy" else config.allocator
+        if standing is not None and not compared and _stands(problem, method, standing, live):
+            return standing
         alloc = allocate(problem, method=method, time_limit_s=config.time_limit_s)
         objective, solver = alloc.objective, alloc.solver
         notes.extend(alloc.notes)
@@ -382,6 +392,49 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
                  and snapshot.now_s - j.last_change_s < protect}
     # changed less than starvation_s ago: not stopped to make room for others
     return Problem(_protect(choices, protected), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
+
+
+STANDING_MARGIN = 1e-9     # of Σ max|value|: far beyond what float rounding of the DP's sums can cross
+
+
+def _stands(problem: Problem, method: str, standing: Plan, jobs: Sequence[JobState]) -> bool:
+    """Whether the allocator would give every job of ``problem`` its current size again, so that
+    ``standing`` (a plan that kept every job as it is, for this state) is the decision.
+
+    It holds when the exact knapsack DP allocates (one node type), ``standing`` came from it with
+    no note, kept every job on its nodes with no reason that reads the clock (``min-dwell``), and
+    each job's current size is worth more than every
+    other of its options by more than ``STANDING_MARGIN`` of the sum of the largest |value| of
+    every job.  Then every job at its current size is the only optimum of the knapsack (any other
+    choice gives up at least that margin, and the current sizes fit: the jobs hold those nodes),
+    the DP finds it whatever its tie-breaking (the rounding of its sums is ~1e-13 of that sum at
+    most), and targets equal to the current sizes place every job on its own nodes with the same
+    actions and reasons (the reasons read the curves, the pauses and the capacity, not the stays)."""
+    if (standing.solver != "mck-dp" or standing.notes
+            or not (method == "dp" or (method == "auto" and len(problem.capacity) == 1))):
+        return False
+    kept = {a.job_id: a for a in standing.actions}
+    if len(kept) != len(jobs):
+        return False
+    for j in jobs:
+        a = kept.get(j.job_id)
+        if (a is None or a.kind not in (ActionKind.KEEP, ActionKind.WAIT) or a.from_nodes != j.nodes
+                or a.code is ReasonCode.MIN_DWELL):     # its reason reads the clock ("changed 38s ago")
+            return False
+    total = 1.0
+    for ch in problem.jobs:
+        total += max(abs(o.value) for o in ch.options)
+    margin = STANDING_MARGIN * total
+    for ch in problem.jobs:
+        now, other = None, -math.inf
+        for o in ch.options:
+            if o.size == ch.current_size:
+                now = o.value
+            elif o.value > other:
+                other = o.value
+        if now is None or not now - other > margin:
+            return False
+    return True
 
 
 def _protect(choices: Sequence[JobChoice], protected: AbstractSet[str]) -> tuple[JobChoice, ...]:
