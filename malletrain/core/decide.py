@@ -403,13 +403,13 @@ def _stands(problem: Problem, method: str, standing: Plan, jobs: Sequence[JobSta
 
     It holds when the exact knapsack DP allocates (one node type), ``standing`` came from it with
     no note, kept every job on its nodes with no reason that reads the clock (``min-dwell``), and
-    each job's current size is worth more than every
-    other of its options by more than ``STANDING_MARGIN`` of the sum of the largest |value| of
-    every job.  Then every job at its current size is the only optimum of the knapsack (any other
-    choice gives up at least that margin, and the current sizes fit: the jobs hold those nodes),
-    the DP finds it whatever its tie-breaking (the rounding of its sums is ~1e-13 of that sum at
-    most), and targets equal to the current sizes place every job on its own nodes with the same
-    actions and reasons (the reasons read the curves, the pauses and the capacity, not the stays)."""
+    each job's current size is worth more than every other of its options by more than
+    ``STANDING_MARGIN`` of the sum of the largest |value| of every job.  Then every job at its
+    current size is the only optimum of the knapsack (any other choice gives up at least that
+    margin, and the current sizes fit: the jobs hold those nodes), the DP finds it whatever its
+    tie-breaking (the rounding of its sums is ~1e-13 of that sum at most), and targets equal to
+    the current sizes place every job on its own nodes with the same actions and reasons (the
+    reasons read the curves, the pauses and the capacity, not the stays)."""
     if (standing.solver != "mck-dp" or standing.notes
             or not (method == "dp" or (method == "auto" and len(problem.capacity) == 1))):
         return False
