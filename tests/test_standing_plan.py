@@ -26,7 +26,8 @@ from malletrain.replay.engine import ReplayOptions, run_replay
 
 
 def _replay_plans(trace, workload, opts, monkeypatch, stands: bool):
-    """Every cycle's (allocations, actions) and the summary, with or without plans standing."""
+    """Every cycle's (allocations, actions), the summary, the timeline, the progress and how many
+    plans stood, with or without plans standing."""
     seen, stood = [], [0]
     real = cycle_mod.run_cycle
 
