@@ -6,6 +6,7 @@ An MLP on scikit-learn's digits; a DistributedSampler splits each epoch among th
 train_malleable.py is the same script made malleable (README, "Bring your own DDP script").
 """
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,8 @@ def main():
     if dist.get_rank() == 0:
         torch.save(model.module.state_dict(), args.out)
     dist.barrier()      # every rank done before the group is torn down
+    time.sleep(0.1)     # torch 2.13: gloo's threads free that barrier before the interpreter exits,
+    #                     else the process may abort at exit (malletrain.adapters.contract.settle_collectives)
     dist.destroy_process_group()
 
 
