@@ -8,8 +8,8 @@ passes of a linear model kept alive to the end, a barrier right after the last b
 :func:`malletrain.adapters.contract.settle_collectives` between the barrier and the teardown.
 It prints, per way, how many runs failed (any nonzero exit; an abort at interpreter shutdown
 shows as "terminate called without an active exception" and exit 134).  The failure is a race,
-so only counts over many runs say anything; with torch 2.13 on this 2-core machine: 7 of 160
-plain runs aborted, none of 100 settled (benchmarks/results/gloo-exit.txt).  Needs the
+so only counts over many runs say anything; with torch 2.13 on this 2-core machine: 13 of 260
+plain runs aborted, none of 200 settled (benchmarks/results/gloo-exit.txt).  Needs the
 ``train`` extra.
 """
 from __future__ import annotations
