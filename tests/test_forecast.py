@@ -164,12 +164,17 @@ def test_no_prediction_before_enough_stretches_and_known_windows_still_count():
 
 
 def test_young_nodes_are_expected_to_leave_old_ones_to_stay():
-    h, t = _history([100.0] * 50)
+    h = IdleHistory(min_stretches=5, half_life=10_000)
+    t = 0.0
+    for i in range(50):      # "old" idle all along; one other node at a time idle for 100 s, then taken
+        h.update(t, ["old", f"x{i}"])
+        t += 100.0
+        h.update(t, ["old"])
+    t += 1e6                                         # "old" now idle far longer than any stretch seen
     h.update(t, ["young", "old"])
-    h.since["old"] = t - 1e6                         # idle far longer than any stretch seen
     stays = h.stays(t + 50.0, [Node("young"), Node("old")], 600.0)
     assert stays["young"].leave_p > 0.95 and stays["young"].fraction < 0.2
-    assert stays["old"].leave_p == 0.0 and stays["old"].fraction == 1.0
+    assert stays["old"].leave_p == 0.0 and stays["old"].fraction == pytest.approx(1.0, abs=1e-9)
 
 
 def test_a_node_with_long_stretches_is_expected_to_stay_longer():

@@ -47,8 +47,10 @@ Costs (the model is consulted every cycle, so it keeps what did not change):
 * the stays of all nodes are computed in numpy (age, time scale, grid interval;
   the few ages that fall within 1e-9 of a grid point are redone exactly as
   :func:`_index` would) and mapped onto one memoised :class:`Stay` per
-  (interval, scale), those of a new table computed together in numpy with the
-  same operations as one by one; when neither the table nor any node's interval
+  (interval, scale); where such a stay reads the survival curve depends on no
+  curve and is kept per (interval, scale, horizon) (:func:`_span`), so a new
+  table's stays cost a few multiplications each; the values a new pool needs
+  per node are kept in arrays at a slot per node (one gather); when neither the table nor any node's interval
   changed the previous mapping object itself is returned, so comparing two
   outlooks is O(1).  For the same pool object with nothing opened or closed,
   that answer is returned without any of this until the first time a node's
@@ -61,11 +63,11 @@ Pure: no clock, no I/O; times come in.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
@@ -93,7 +95,7 @@ _GRID_UP = np.array(GRID[1:])          # the upper edge of each grid interval
 _GRID_NEXT = np.array(GRID[1:-1] + (math.inf,))
 _LOG_RATIO = math.log(GRID_RATIO)
 _GRID_ARR = np.array(GRID)
-_BATCH = 48                 # stays to compute before numpy beats one by one (~90 µs of fixed cost)
+_GRID_STEP = _GRID_ARR[1:] - _GRID_ARR[:-1]      # GRID[i + 1] − GRID[i]
 
 
 def _index(age_s: float) -> int:
@@ -120,6 +122,30 @@ def _indices(ages: np.ndarray) -> np.ndarray:
     np.minimum(idx, len(GRID) - 2, out=idx)
     out[big] = idx
     return out
+
+
+def _at(t: float) -> tuple[int, float, float, float]:
+    """Where ``S`` and ``∫S`` are read at ``t``: ``(j, 1 − w, w, t − GRID[j])`` with ``j =
+    _index(t)`` and ``w`` the weight of ``GRID[j + 1]`` (the operations of
+    :meth:`_StayTable._s_and_integral`); ``j = −1`` beyond the grid, with ``t − GRID[-1]``."""
+    if t >= GRID[-1]:
+        return -1, 0.0, 0.0, t - GRID[-1]
+    j = _index(t)
+    w = (t - GRID[j]) / (GRID[j + 1] - GRID[j])
+    return j, 1 - w, w, t - GRID[j]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _span(i: int, scale: int, horizon_s: float) -> tuple[float, tuple[int, float, float, float],
+                                                          tuple[int, float, float, float]]:
+    """The stay of grid interval ``i`` at time scale ``f = GRID_RATIO**scale`` over ``horizon_s``
+    reads ``S`` and ``∫S`` at ``age/f`` and ``(age + H)/f`` with ``age = GRID[i]·f``: ``(f``, and
+    :func:`_at` of each)``.  None of it depends on the survival curve, so it is computed once per
+    (interval, scale, horizon) and every new curve's stays cost a few multiplications each
+    (scales and horizons are few: the cache is bounded anyway)."""
+    f = GRID_RATIO ** scale
+    age = GRID[i] * f
+    return f, _at(age / f), _at((age + horizon_s) / f)
 
 
 @dataclass(frozen=True)
@@ -176,6 +202,13 @@ class IdleHistory:
         self._pool: tuple[str, ...] = ()           # the last update's pool
         self._own_sum: dict[str, float] = {}       # node -> Σ recent, set as a stretch of it closes
         self._own_len: dict[str, int] = {}         # node -> len(recent)
+        # the same per node in arrays, a node at the slot it got when first seen, so a new pool's
+        # values are one gather (numpy) away: its open stretch's beginning (NaN: none), Σ recent, len
+        self._slot: dict[str, int] = {}
+        self._at = np.full(64, math.nan)
+        self._sum = np.zeros(64)
+        self._len = np.zeros(64)
+        self._slots: tuple[tuple[str, ...], np.ndarray] | None = None
         self._censored: _Censored | None = None
         self._table: tuple[list[float] | None, float, _StayTable] | None = None
         self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
@@ -209,9 +242,13 @@ class IdleHistory:
             own = self.recent.setdefault(n, deque(maxlen=NODE_MEMORY))
             own.append(math.log(max(1.0, length)))
             self._own_sum[n], self._own_len[n] = sum(own), len(own)
+            k = self._slot_of(n)         # (first: it may grow the arrays)
+            self._at[k], self._sum[k], self._len[k] = math.nan, self._own_sum[n], self._own_len[n]
         new = present - self.since.keys()
         for n in new:
             self.since[n] = now_s
+            k = self._slot_of(n)         # (first: it may grow the arrays)
+            self._at[k] = now_s
             self._seq[n] = self._entered
             self._entered += 1
             if self._starts and self._starts[-1] > now_s:     # a clock that went back: keep it sorted
@@ -247,15 +284,16 @@ class IdleHistory:
         c = self._censored
         if c is not None and c.version == self.version and c.from_s <= now_s < c.until_s:
             return c.surv
-        counts, until = self._count_open(now_s)
+        array, until = self._count_open(now_s)
+        counts = tuple(array.tolist())
         if c is not None and c.version == self.version and c.counts == counts:
             surv = c.surv
         else:
-            surv = self._kaplan_meier(counts)
+            surv = self._kaplan_meier(array)
         self._censored = _Censored(self.version, now_s, until, counts, surv)
         return surv
 
-    def _count_open(self, now_s: float) -> tuple[tuple[int, ...], float]:
+    def _count_open(self, now_s: float) -> tuple[np.ndarray, float]:
         """Open stretches per grid interval of their age (the last one also counts those older
         than the grid), and a time before which no age crosses a grid point.  (``searchsorted``
         on the sorted beginnings is ``bisect_right``; ``now − GRID[i]`` the same subtraction.)"""
@@ -272,25 +310,27 @@ class IdleHistory:
         ahead = lo < len(starts)           # the next stretch to reach age GRID[i+1], per edge
         until = float((starts[lo[ahead]] + _GRID_UP[ahead]).min()) if ahead.any() else math.inf
         # float rounding of 'now - GRID' against 'start + GRID': stay well clear of the crossing
-        return tuple(counts.tolist()), until - 1e-9 * (abs(now_s) + GRID[-1])
+        return counts, until - 1e-9 * (abs(now_s) + GRID[-1])
 
-    def _kaplan_meier(self, counts: tuple[int, ...]) -> list[float]:
+    def _kaplan_meier(self, counts: np.ndarray) -> list[float]:
+        """The actuarial Kaplan–Meier curve at every grid point: per interval ``i``, ``d_i`` closed
+        and ``c_i`` censored (open stretches of that age, at the current weight; those older than
+        the grid in the last interval), at risk ``r_i = R − Σ_{j<i} (d_j + c_j)`` of which the
+        censored count half, ``S_{i+1} = S_i · max(0, 1 − d_i / (r_i − c_i/2))`` where that is
+        positive and ``d_i > 0`` (else ``S_{i+1} = S_i``).  In numpy with the very operations of the
+        running loop, in its order (``accumulate`` is sequential; the totals are Python sums), so
+        every value is bitwise the loop's."""
         k = len(GRID) - 1
-        # open stretches per grid interval of their age, at the current weight
-        censored = [counts[i] * self._weight for i in range(k)]
-        censored[k - 1] += counts[k] * self._weight
-        at_risk = sum(self._closed) + sum(censored)
-        surv = [1.0]
-        s = 1.0
-        for i in range(k):
-            d = self._closed[i]
-            # stretches censored inside the interval count as half at risk (actuarial estimate)
-            risk = at_risk - censored[i] / 2.0
-            if risk > 0 and d > 0:
-                s *= max(0.0, 1.0 - d / risk)
-            surv.append(s)
-            at_risk -= d + censored[i]
-        return surv
+        w = self._weight
+        censored = counts[:k] * w          # int64 → float64 is exact below 2**53
+        censored[k - 1] += int(counts[k]) * w
+        closed = np.array(self._closed)
+        start = sum(self._closed) + sum(censored.tolist())
+        at_risk = np.subtract.accumulate(np.concatenate(((start,), closed + censored)))[:k]
+        risk = at_risk - censored / 2.0
+        step = (risk > 0) & (closed > 0)
+        factor = np.where(step, np.maximum(0.0, 1.0 - closed / np.where(step, risk, 1.0)), 1.0)
+        return np.multiply.accumulate(np.concatenate(((1.0,), factor))).tolist()
 
     def stays(self, now_s: float, nodes: Sequence[Node], horizon_s: float) -> dict[str, Stay]:
         """Predicted :class:`Stay` of each node (only nodes with a prediction or a known window).
@@ -391,11 +431,37 @@ class IdleHistory:
         hit = self._since
         if hit is not None and hit[0] == self.version and hit[1] == names:
             return hit[2], hit[3]
-        since = np.fromiter(map(self.since.get, names, repeat(math.nan)), dtype=float, count=len(names))
+        slots = self._slots_of(names)        # (first: it may grow the arrays)
+        since = self._at[slots]              # NaN where no stretch is open, as since.get gives
         missing = np.isnan(since)
         unknown = missing if missing.any() else None
         self._since = (self.version, names, since, unknown)
         return since, unknown
+
+    def _slot_of(self, name: str) -> int:
+        """The node's slot in the per-node arrays (given when first seen; the arrays double when full)."""
+        k = self._slot.get(name)
+        if k is None:
+            k = self._slot[name] = len(self._slot)
+            if k >= len(self._at):
+                grow = len(self._at)
+                self._at = np.concatenate((self._at, np.full(grow, math.nan)))
+                self._sum = np.concatenate((self._sum, np.zeros(grow)))
+                self._len = np.concatenate((self._len, np.zeros(grow)))
+        return k
+
+    def _slots_of(self, names: tuple[str, ...]) -> np.ndarray:
+        """Every node's slot (kept for the same names object)."""
+        hit = self._slots
+        if hit is not None and hit[0] is names:
+            return hit[1]
+        slot = self._slot
+        if not slot.keys() >= set(names):
+            for n in names:
+                self._slot_of(n)
+        slots = np.fromiter(map(slot.__getitem__, names), dtype=np.int64, count=len(names))
+        self._slots = (names, slots)
+        return slots
 
     def _index_of(self, names: tuple[str, ...]) -> dict[str, int]:
         """Name → position in ``names`` (kept for the same names: the stays it answers share it)."""
@@ -435,8 +501,8 @@ class IdleHistory:
             scales = np.zeros(n, dtype=np.int64)
         else:
             typical = self._log_sum / self._log_weight
-            total = np.fromiter(map(self._own_sum.get, names, repeat(0.0)), dtype=float, count=n)
-            count = np.fromiter(map(self._own_len.get, names, repeat(0)), dtype=float, count=n)
+            slots = self._slots_of(names)
+            total, count = self._sum[slots], self._len[slots]        # (0 for a node with no closed stretch)
             raw = np.rint((total - count * typical) / (count + NODE_PRIOR) / _LOG_RATIO)
             scales = np.where(count > 0, raw, 0.0).astype(np.int64)
         self._scales = (self.version, names, scales)
@@ -460,13 +526,13 @@ class _StayTable:
         self.surv = surv
         self.h = horizon_s
         self.memo: dict[tuple[int, int], Stay] = {}
-        self._surv_arr: np.ndarray | None = None      # surv and cum as arrays (memoised_many)
-        self._cum_arr: np.ndarray | None = None
-        cum = [0.0]
+        self.cum = [0.0]
         if surv is not None:
-            for i in range(len(GRID) - 1):
-                cum.append(cum[-1] + (surv[i] + surv[i + 1]) / 2.0 * (GRID[i + 1] - GRID[i]))
-        self.cum = cum
+            # cum[i+1] = cum[i] + (S_i + S_{i+1}) / 2 · (GRID[i+1] − GRID[i]): a sequential accumulate,
+            # the same additions in the same order as a running loop
+            arr = np.array(surv)
+            steps = (arr[:-1] + arr[1:]) / 2.0 * _GRID_STEP
+            self.cum = np.add.accumulate(np.concatenate(((0.0,), steps))).tolist()
 
     def s(self, t: float) -> float:
         if self.surv is None:
@@ -513,53 +579,40 @@ class _StayTable:
         leave = max(leave_window, min(1.0, max(0.0, 1.0 - s_h / sa)))
         return Stay(min(1.0, max(0.0, usable / h)), leave)
 
-    def memoised_many(self, pairs: Sequence[tuple[int, int]]) -> list[Stay]:
-        """:meth:`memoised` of each ``(i, scale)``, those not memoised yet computed together in
-        numpy: the same IEEE operations as :meth:`_conditional` (no window) in the same order,
-        element by element (the grid index by :func:`_indices`, equal to :func:`_index`; the time
-        scales' powers taken by Python), so every Stay is bitwise the one :meth:`memoised` gives."""
-        memo = self.memo
-        todo = [p for p in dict.fromkeys(pairs) if p not in memo]
-        if len(todo) < _BATCH or self.surv is None:
-            return [self.memoised(i, sc) for i, sc in pairs]
-        ratio = {sc: GRID_RATIO ** sc for sc in {sc for _, sc in todo}}
-        f = np.array([ratio[sc] for _, sc in todo])
-        age = _GRID_ARR[np.array([i for i, _ in todo])] * f
-        sa, ia = self._s_and_integral_many(age / f)
-        s_upto, i_upto = self._s_and_integral_many((age + self.h) / f)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            usable = f * (i_upto - ia) / sa
-            fraction = np.minimum(1.0, np.maximum(0.0, usable / self.h))
-            leave = np.maximum(0.0, np.minimum(1.0, np.maximum(0.0, 1.0 - s_upto / sa)))
-        gone = (sa <= 0.0).tolist()
-        for p, fr, lv, g in zip(todo, fraction.tolist(), leave.tolist(), gone):
-            # older than anything that ended: nothing says it will end (upto / h with upto = h)
-            memo[p] = Stay(self.h / self.h, 0.0) if g else Stay(fr, max(0.0, lv))
-        return [memo[p] for p in pairs]
-
-    def _s_and_integral_many(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_s_and_integral` of every element of ``t`` (the same operations)."""
-        if self._surv_arr is None or self._cum_arr is None:
-            self._surv_arr, self._cum_arr = np.array(self.surv), np.array(self.cum)
-        surv, cum = self._surv_arr, self._cum_arr
-        last = t >= GRID[-1]
-        i = _indices(np.where(last, 0.0, t))
-        g0 = _GRID_ARR[i]
-        w = (t - g0) / (_GRID_ARR[i + 1] - g0)
-        st = surv[i] * (1 - w) + surv[i + 1] * w
-        it = cum[i] + (surv[i] + st) / 2.0 * (t - g0)
-        if last.any():
-            st[last] = surv[-1]
-            it[last] = cum[-1] + surv[-1] * (t[last] - GRID[-1])
-        return st, it
+    def memoised_many(self, pairs: Iterable[tuple[int, int]]) -> list[Stay]:
+        """:meth:`memoised` of each ``(i, scale)``."""
+        memoised = self.memoised
+        return [memoised(i, sc) for i, sc in pairs]
 
     def memoised(self, i: int, scale: int) -> Stay:
-        """The stay shared by ages in grid interval ``i`` (in the node's time) at ``scale``."""
+        """The stay shared by ages in grid interval ``i`` (in the node's time) at ``scale``:
+        :meth:`_conditional` of age ``GRID[i]·f`` without a window, with the grid reads of
+        :func:`_span` (the same operations on the same values, so bitwise the same Stay)."""
         hit = self.memo.get((i, scale))
-        if hit is None:
+        if hit is not None:
+            return hit
+        surv, cum, h = self.surv, self.cum, self.h
+        if surv is None:
             f = GRID_RATIO ** scale
             hit = self._conditional(GRID[i] * f, None, f)
-            self.memo[(i, scale)] = hit
+        else:
+            f, (j, u, w, d), (k, u2, w2, d2) = _span(i, scale, h)
+            if j < 0:
+                sa, ia = surv[-1], cum[-1] + surv[-1] * d
+            else:
+                sa = surv[j] * u + surv[j + 1] * w
+                ia = cum[j] + (surv[j] + sa) / 2.0 * d
+            if sa <= 0.0:         # older than anything that ended: nothing says it will end
+                hit = Stay(h / h, 0.0)
+            else:
+                if k < 0:
+                    s_h, i_h = surv[-1], cum[-1] + surv[-1] * d2
+                else:
+                    s_h = surv[k] * u2 + surv[k + 1] * w2
+                    i_h = cum[k] + (surv[k] + s_h) / 2.0 * d2
+                usable = f * (i_h - ia) / sa
+                hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
+        self.memo[(i, scale)] = hit
         return hit
 
     def stay(self, age_s: float, window_s: float | None, scale: int = 0) -> Stay:
@@ -567,9 +620,5 @@ class _StayTable:
         f = GRID_RATIO ** scale
         if window_s is not None and window_s < self.h:
             return self._conditional(age_s, window_s, f)
-        i = _index(age_s / f)        # ages within one grid interval (in the node's time) share a prediction
-        hit = self.memo.get((i, scale))
-        if hit is None:
-            hit = self._conditional(GRID[i] * f, None, f)
-            self.memo[(i, scale)] = hit
-        return hit
+        # ages within one grid interval (in the node's time) share a prediction
+        return self.memoised(_index(age_s / f), scale)
