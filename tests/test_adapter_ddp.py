@@ -119,3 +119,25 @@ def test_a_stop_signalled_to_another_rank_only_is_timed_from_that_signal(tmp_pat
     assert stop["reason"] == "signal" and stop["signal"] == "peer", stop
     assert stop["signal_to_exit_s"] is not None and 0 <= stop["signal_to_exit_s"] < 10, stop
     assert any(r["event"] == "checkpoint" and r["step"] == stop["step"] for r in progress_records(metrics))
+
+
+def test_an_adapter_settles_torchs_collectives_once_at_interpreter_exit(tmp_path):
+    """Every adapter (through ``Contract``) registers one exit hook, however many it makes, and the
+    hook runs after the script's last line (what it sleeps for: ``settle_collectives``;
+    ``devtools.gloo_exit`` counts the aborts it prevents)."""
+    import subprocess
+    import sys
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys\n"
+        "from malletrain.adapters import contract\n"
+        "contract.settle_collectives = lambda: print('settled', flush=True)\n"
+        "from malletrain.adapters.ddp import Malleable\n"
+        "Malleable(sys.argv[1] + '/a', env={}, global_batch=8)\n"
+        "Malleable(sys.argv[1] + '/b', env={}, global_batch=8)\n"
+        "print('last line', flush=True)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["last line", "settled"], p.stdout

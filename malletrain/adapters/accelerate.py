@@ -64,7 +64,6 @@ from malletrain.adapters.contract import (
     loader_kwargs,
     numbered,
     seal,
-    settle_collectives,
     torchrun_place,
     verify,
 )
@@ -205,6 +204,4 @@ class Malleable(Contract):
             self.checkpoint(accelerator)
         status = self.exit_record(log)
         accelerator.wait_for_everyone()
-        if dist.is_initialized():
-            settle_collectives()
         return status

@@ -18,13 +18,15 @@
 * **Records** for the daemon's profiler and a campaign's pruner (``start``, ``progress``,
   ``checkpoint``, ``metric``, ``exit``, as the runtime writes them) and a campaign trial's report
   (:meth:`Contract.report`).
-* **A clean exit** (:func:`settle_collectives`): after its last collective an adapter gives
-  torch's gloo threads a moment to free what they still hold before the interpreter exits.
+* **A clean exit** (:func:`settle_at_exit`): every adapter registers, when it is made, a hook
+  that gives torch's gloo threads a moment at interpreter exit to free what they still hold
+  (:func:`settle_collectives`), whatever the script or its framework does last.
 
 It imports torch (the ``train`` extra) but no framework; each adapter module adds its framework.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import math
@@ -70,6 +72,28 @@ def settle_collectives() -> None:
     Sleeping releases the GIL at once, so the worker, already waiting for it, frees the
     collective while the interpreter is whole."""
     time.sleep(SETTLE_S)
+
+
+_AT_EXIT: list[bool] = []       # whether this process registered the hook (once)
+
+
+def settle_at_exit() -> None:
+    """Run :func:`settle_collectives` at interpreter exit (registered once per process; every
+    :class:`Contract` calls it when it is made).
+
+    ``atexit`` hooks run after the script's last line and before interpreter shutdown begins, so
+    this covers whatever comes last: an adapter's final barrier, the script's own collectives
+    after the adapter's ``close``, a framework's teardown (the Hugging Face Trainer owns the end
+    of training), a run that leaves through ``SystemExit``.  It costs ``SETTLE_S`` once per
+    process exit, in every process, distributed or not (a process group destroyed before exit
+    leaves no trace of having been used, while the DDP model holding it keeps its threads).
+    A process killed by a signal or leaving by ``os._exit`` runs no hooks: it has no clean exit
+    to lose.  Measured (``devtools.gloo_exit``, the job of :func:`settle_collectives`'s figures
+    with this hook in place of the sleep after its barrier): 0 of 100 runs aborted, against 7 of
+    100 without it in the same session."""
+    if not _AT_EXIT:
+        atexit.register(settle_collectives)
+        _AT_EXIT.append(True)
 
 
 def torchrun_place(env: dict[str, str]) -> tuple[int, int]:
@@ -126,6 +150,7 @@ class Contract:
         self.checkpoint_every_s = float(checkpoint_every_s)
         self.store = CheckpointStore(checkpoint_dir, keep)
         os.makedirs(checkpoint_dir, mode=0o700, exist_ok=True)
+        settle_at_exit()
         try:
             grace = float(env.get("MALLETRAIN_GRACE_S") or 30.0)
         except ValueError:

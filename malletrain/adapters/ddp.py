@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from malletrain.adapters.contract import CKPT, PRUNE, STOP, BatchPlan, Contract, settle_collectives
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, BatchPlan, Contract
 from malletrain.domain.errors import InputError
 
 log = logging.getLogger("malletrain.adapters.ddp")
@@ -171,7 +171,6 @@ class Malleable(Contract):
         status = self.exit_record(log)
         if dist.is_initialized():
             dist.barrier()      # every rank is past its last collective before any leaves the group
-            settle_collectives()
         return status
 
 

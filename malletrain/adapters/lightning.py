@@ -55,7 +55,7 @@ import torch.distributed as dist
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch.utils.data import DataLoader
 
-from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, loader_kwargs, settle_collectives, torchrun_place
+from malletrain.adapters.contract import CKPT, PRUNE, STOP, Contract, loader_kwargs, torchrun_place
 from malletrain.domain.errors import InputError
 from malletrain.runtime.checkpoint import NAME, CheckpointStore
 
@@ -277,7 +277,6 @@ class Malleable(Contract, pl.Callback):
         status = self.exit_record(log)
         if dist.is_initialized():
             dist.barrier()      # every rank is past its last collective before any leaves
-            settle_collectives()
         return status
 
 
