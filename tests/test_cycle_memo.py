@@ -9,6 +9,17 @@ from malletrain.domain.config import CoreConfig
 from malletrain.replay.engine import ReplayOptions, run_replay
 
 
+def _recorded(into: list):
+    real = replay_mod.run_cycle
+
+    def run_cycle(*args, **kwargs):
+        res = real(*args, **kwargs)
+        into.append((sorted(res.plan.allocations.items()),
+                     [(a.job_id, a.kind, a.from_nodes, a.to_nodes, a.code, a.reason) for a in res.plan.actions]))
+        return res
+    return run_cycle
+
+
 @pytest.mark.parametrize("policy", ["malletrain", "oracle", "static"])
 def test_memo_gives_identical_results(policy, monkeypatch):
     reused = 0
@@ -18,18 +29,26 @@ def test_memo_gives_identical_results(policy, monkeypatch):
         workload = random_workload(rng, rng.randint(1, 6))
         opts = ReplayOptions(core=CoreConfig(policy=policy, min_dwell_s=rng.choice([0.0, 90.0])),
                              interval_s=30.0, noise=0.05, seed=seed, check_invariants=True)
-        with_memo = run_replay(trace, workload, opts).summary.to_dict()
+        plans_memo: list = []
+        with monkeypatch.context() as m:
+            m.setattr(replay_mod, "run_cycle", _recorded(plans_memo))
+            with_memo = run_replay(trace, workload, opts).summary.to_dict()
         reused += with_memo["decisions_reused"]
 
         class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
             def __setattr__(self, k, v):
                 object.__setattr__(self, k, None if k == "plan" else v)
-        monkeypatch.setattr(replay_mod, "CycleMemo", NoMemo)
-        without = run_replay(trace, workload, opts).summary.to_dict()
-        monkeypatch.undo()
+        plans_fresh: list = []
+        with monkeypatch.context() as m:
+            m.setattr(replay_mod, "CycleMemo", NoMemo)
+            m.setattr(replay_mod, "run_cycle", _recorded(plans_fresh))
+            without = run_replay(trace, workload, opts).summary.to_dict()
         for s in (with_memo, without):
             for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean",
                       "decisions", "decisions_reused"):
                 s.pop(k)
         assert with_memo == without
+        # every cycle's plan, reasons included: a reused plan says what a fresh one would (what
+        # `malletrain why` shows), e.g. no "changed 38s ago" from the cycle it was made in
+        assert plans_memo == plans_fresh
     assert reused > 0   # the memo was exercised

@@ -101,8 +101,9 @@ def _pinned_reason(job: JobState, curve: Curve | None, now_s: float, cfg: CoreCo
                 f"keep {job.size}: rescale in progress until t={job.paused_until_s:.0f}s")
     if (cfg.min_dwell_s > 0 and job.last_change_s is not None
             and now_s - job.last_change_s < cfg.min_dwell_s):
-        return (ReasonCode.MIN_DWELL, f"keep {job.size}: changed {now_s - job.last_change_s:.0f}s ago "
-                                      f"(< min_dwell_s {cfg.min_dwell_s:g})")
+        # the times, not "changed 38s ago": a plan reused or standing in a later cycle stays true
+        return (ReasonCode.MIN_DWELL, f"keep {job.size}: changed at t={job.last_change_s:.0f}s, held until "
+                                      f"t={job.last_change_s + cfg.min_dwell_s:.0f}s (min_dwell_s {cfg.min_dwell_s:g})")
     if cfg.policy == "malletrain" and curve is not None and job.size in curve.wanted:
         return ReasonCode.MEASURING, f"keep {job.size}: JPA is measuring throughput at {job.size} nodes"
     return None
@@ -402,8 +403,8 @@ def _stands(problem: Problem, method: str, standing: Plan, jobs: Sequence[JobSta
     ``standing`` (a plan that kept every job as it is, for this state) is the decision.
 
     It holds when the exact knapsack DP allocates (one node type), ``standing`` came from it with
-    no note, kept every job on its nodes with no reason that reads the clock (``min-dwell``), and
-    each job's current size is worth more than every other of its options by more than
+    no note, kept every job on its nodes (no reason reads the clock: a ``min-dwell`` reason names
+    the times, not how long ago), and each job's current size is worth more than every other of its options by more than
     ``STANDING_MARGIN`` of the sum of the largest |value| of every job.  Then every job at its
     current size is the only optimum of the knapsack (any other choice gives up at least that
     margin, and the current sizes fit: the jobs hold those nodes), the DP finds it whatever its
@@ -418,8 +419,7 @@ def _stands(problem: Problem, method: str, standing: Plan, jobs: Sequence[JobSta
         return False
     for j in jobs:
         a = kept.get(j.job_id)
-        if (a is None or a.kind not in (ActionKind.KEEP, ActionKind.WAIT) or a.from_nodes != j.nodes
-                or a.code is ReasonCode.MIN_DWELL):     # its reason reads the clock ("changed 38s ago")
+        if a is None or a.kind not in (ActionKind.KEEP, ActionKind.WAIT) or a.from_nodes != j.nodes:
             return False
     total = 1.0
     for ch in problem.jobs:
