@@ -367,3 +367,9 @@ def param_diff(a, b):
     x, y = torch.load(a), torch.load(b)
     return max((x[k] - y[k]).abs().max().item() for k in x)
 
+
+
+def plan_record(plan) -> tuple:
+    """A plan as replay tests compare it: its allocations and every action with its reason."""
+    return (sorted(plan.allocations.items()),
+            [(a.job_id, a.kind, a.from_nodes, a.to_nodes, a.code, a.reason) for a in plan.actions])

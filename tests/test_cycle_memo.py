@@ -2,6 +2,7 @@
 import random
 
 import pytest
+from helpers import plan_record
 from test_stress import random_trace, random_workload
 
 import malletrain.replay.engine as replay_mod
@@ -14,8 +15,7 @@ def _recorded(into: list):
 
     def run_cycle(*args, **kwargs):
         res = real(*args, **kwargs)
-        into.append((sorted(res.plan.allocations.items()),
-                     [(a.job_id, a.kind, a.from_nodes, a.to_nodes, a.code, a.reason) for a in res.plan.actions]))
+        into.append(plan_record(res.plan))
         return res
     return run_cycle
 

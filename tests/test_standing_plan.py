@@ -5,6 +5,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from helpers import plan_record
 from test_stress import random_trace, random_workload
 
 import malletrain.core.cycle as cycle_mod
@@ -33,8 +34,7 @@ def _replay_plans(trace, workload, opts, monkeypatch, stands: bool):
 
     def recorded(*args, **kwargs):
         res = real(*args, **kwargs)
-        seen.append((sorted(res.plan.allocations.items()),
-                     [(a.job_id, a.kind, a.from_nodes, a.to_nodes, a.code, a.reason) for a in res.plan.actions]))
+        seen.append(plan_record(res.plan))
         stood[0] += res.stood
         return res
     with monkeypatch.context() as m:

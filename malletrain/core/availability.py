@@ -200,10 +200,9 @@ class IdleHistory:
         self._seq: dict[str, int] = {}             # node -> order it entered ``since`` (closures go in it)
         self._entered = 0
         self._pool: tuple[str, ...] = ()           # the last update's pool
-        self._own_sum: dict[str, float] = {}       # node -> Σ recent, set as a stretch of it closes
-        self._own_len: dict[str, int] = {}         # node -> len(recent)
-        # the same per node in arrays, a node at the slot it got when first seen, so a new pool's
-        # values are one gather (numpy) away: its open stretch's beginning (NaN: none), Σ recent, len
+        # per node, in arrays at the slot it got when first seen, so a new pool's values are one
+        # gather (numpy) away: its open stretch's beginning (NaN: none), Σ recent and len(recent)
+        # (set as a stretch of it closes)
         self._slot: dict[str, int] = {}
         self._at = np.full(64, math.nan)
         self._sum = np.zeros(64)
@@ -241,9 +240,8 @@ class IdleHistory:
             self._close(length)
             own = self.recent.setdefault(n, deque(maxlen=NODE_MEMORY))
             own.append(math.log(max(1.0, length)))
-            self._own_sum[n], self._own_len[n] = sum(own), len(own)
             k = self._slot_of(n)         # (first: it may grow the arrays)
-            self._at[k], self._sum[k], self._len[k] = math.nan, self._own_sum[n], self._own_len[n]
+            self._at[k], self._sum[k], self._len[k] = math.nan, sum(own), len(own)
         new = present - self.since.keys()
         for n in new:
             self.since[n] = now_s
@@ -497,7 +495,7 @@ class IdleHistory:
         if hit is not None and hit[0] == self.version and hit[1] == names:
             return hit[2]
         n = len(names)
-        if self._log_weight <= 0 or not self._own_sum:
+        if self._log_weight <= 0:       # no stretch closed yet
             scales = np.zeros(n, dtype=np.int64)
         else:
             typical = self._log_sum / self._log_weight
@@ -554,15 +552,20 @@ class _StayTable:
 
     def _s_and_integral(self, t: float) -> tuple[float, float]:
         """``(S(t), ∫₀ᵗ S)``: :meth:`s` and :meth:`integral` with the grid index found once."""
-        surv = self.surv
-        if surv is None:
+        if self.surv is None:
             return 1.0, t
-        if t >= GRID[-1]:
-            return surv[-1], self.cum[-1] + surv[-1] * (t - GRID[-1])
-        i = _index(t)
-        w = (t - GRID[i]) / (GRID[i + 1] - GRID[i])
-        st = surv[i] * (1 - w) + surv[i + 1] * w
-        return st, self.cum[i] + (surv[i] + st) / 2.0 * (t - GRID[i])
+        return self._read(_at(t))
+
+    def _read(self, at: tuple[int, float, float, float]) -> tuple[float, float]:
+        """``(S, ∫S)`` where :func:`_at` says (a curve is set): linear between grid points, flat
+        beyond the grid."""
+        surv, cum = self.surv, self.cum
+        assert surv is not None
+        j, u, w, d = at
+        if j < 0:
+            return surv[-1], cum[-1] + surv[-1] * d
+        st = surv[j] * u + surv[j + 1] * w
+        return st, cum[j] + (surv[j] + st) / 2.0 * d
 
     def _conditional(self, age: float, window_s: float | None, f: float) -> Stay:
         """The stay of a node of ``age`` and time scale ``f`` (its survival is ``S(t / f)``)."""
@@ -591,25 +594,17 @@ class _StayTable:
         hit = self.memo.get((i, scale))
         if hit is not None:
             return hit
-        surv, cum, h = self.surv, self.cum, self.h
-        if surv is None:
+        h = self.h
+        if self.surv is None:
             f = GRID_RATIO ** scale
             hit = self._conditional(GRID[i] * f, None, f)
         else:
-            f, (j, u, w, d), (k, u2, w2, d2) = _span(i, scale, h)
-            if j < 0:
-                sa, ia = surv[-1], cum[-1] + surv[-1] * d
-            else:
-                sa = surv[j] * u + surv[j + 1] * w
-                ia = cum[j] + (surv[j] + sa) / 2.0 * d
+            f, at_age, at_end = _span(i, scale, h)
+            sa, ia = self._read(at_age)
             if sa <= 0.0:         # older than anything that ended: nothing says it will end
                 hit = Stay(h / h, 0.0)
             else:
-                if k < 0:
-                    s_h, i_h = surv[-1], cum[-1] + surv[-1] * d2
-                else:
-                    s_h = surv[k] * u2 + surv[k + 1] * w2
-                    i_h = cum[k] + (surv[k] + s_h) / 2.0 * d2
+                s_h, i_h = self._read(at_end)
                 usable = f * (i_h - ia) / sa
                 hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
         self.memo[(i, scale)] = hit
