@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--guard", action="store_true", help="exit 1 when a target is missed")
     bc.add_argument("--digest", action="store_true",
                     help="print a digest of every plan per replay, to compare commits (slower: not for timing)")
+    bc.add_argument("--split", action="store_true",
+                    help="per replay, the cycles of each kind (reused, stood, fresh) and their time")
     bc.add_argument("--json", action="store_true")
     bc.set_defaults(run=_bench_forecasts)
     from devtools.bench_runtime import __doc__ as runtime_doc
@@ -227,7 +229,7 @@ def _bench_forecasts(a: argparse.Namespace) -> int:
     if bad or not traces:
         raise MalletrainError(f"--traces: one or more of {','.join(TRACES)}, got {a.traces!r}")
     report = bench_forecasts(a.data, traces, a.jobs, a.max_jobs, a.alloc_repeat,
-                             out=sys.stderr if a.json else sys.stdout, digest=a.digest)
+                             out=sys.stderr if a.json else sys.stdout, digest=a.digest, split=a.split)
     if a.json:
         report.emit(True)
     return 1 if a.guard and report.data["missed"] else 0

@@ -61,13 +61,31 @@ def _trace_and_workload(name: str, data: str, jobs: int):
         return trace, load_workload(path), label
 
 
-def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = False) -> dict:
+KINDS = ("reused", "stood", "fresh, no change", "fresh, changes")   # a cycle's kinds, for --split
+
+
+def _kind(res) -> str:
+    """What a cycle was: its plan reused (inputs unchanged), a plan that stood under moved stays,
+    a fresh decision that changed nothing, or one with actions."""
+    return KINDS[0] if res.reused else KINDS[1] if res.stood else KINDS[3] if res.actions else KINDS[2]
+
+
+def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = False, split: bool = False) -> dict:
     from malletrain.replay import engine
     core = CoreConfig(policy="malletrain", **({} if on else OFF))
     opts = engine.ReplayOptions(core=core, max_jobs=max_jobs, noise=0.05, seed=0)
     plans = hashlib.sha256()
     run_cycle = engine.run_cycle
     last: list = [None, 0, 0]   # the last cycle's allocations; fresh decisions that gave them again; that stood
+    kinds = {k: [0, 0.0] for k in KINDS}    # per kind: cycles, seconds in run_cycle
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        res = run_cycle(*args, **kwargs)
+        got = kinds[_kind(res)]
+        got[0] += 1
+        got[1] += time.perf_counter() - t0
+        return res
 
     def hashed(*args, **kwargs):
         res = run_cycle(*args, **kwargs)
@@ -80,6 +98,8 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
         return res
     if digest:
         engine.run_cycle = hashed       # type: ignore[assignment]
+    elif split:
+        engine.run_cycle = timed        # type: ignore[assignment]
     try:
         r = engine.run_replay(trace, workload, opts)
     finally:
@@ -91,18 +111,20 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
             "p50_ms": s.decision_ms_p50, "p95_ms": s.decision_ms_p95, "useful": s.useful_samples,
             "lost_pause": s.lost_samples + s.rescale_pause_samples,
             "plans": plans.hexdigest()[:16] if digest else None, "repeated": last[1] if digest else None,
-            "stood": last[2] if digest else None}
+            "stood": last[2] if digest else None, "kinds": kinds if split and not digest else None}
 
 
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
                     max_jobs: int | None = 10, alloc_repeat: int = 30, out: TextIO | None = None,
-                    digest: bool = False) -> Report:
+                    digest: bool = False, split: bool = False) -> Report:
     """``out``: where each line goes as soon as it is measured (None: nowhere).  ``digest``: each
     replay line also names a digest of every plan (allocations, actions and reasons) and of the
     jobs' progress, to compare two commits, and counts the decisions made afresh that changed
     nothing (no action, the last cycle's allocations again): the work a cheaper test for "nothing
     changed" could save.  The hashing slows the replays, so timings taken with it are not the
-    figures."""
+    figures.  ``split`` (not with ``digest``): each replay line is followed by the cycles of each
+    kind (plan reused, plan stood, fresh with no change, fresh with changes) and the seconds spent
+    in the cycle (observe, decide, apply) for each: where the forecasts' cost lies."""
     from devtools.datasets import default_data_dir
     from malletrain.bench.allocator import bench_allocator
     data = data or default_data_dir()
@@ -116,8 +138,8 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
         t0 = time.perf_counter()
         trace, workload, label = _trace_and_workload(name, data, jobs)
         load_s = time.perf_counter() - t0
-        off = _replay(trace, workload, False, max_jobs, digest)
-        on = _replay(trace, workload, True, max_jobs, digest)
+        off = _replay(trace, workload, False, max_jobs, digest, split)
+        on = _replay(trace, workload, True, max_jobs, digest, split)
         row = {"trace": name, "label": label, "events": trace.n_events, "load_s": load_s, "on": on, "off": off,
                "wall_ratio": on["wall_s"] / off["wall_s"]}
         rows.append(row)
@@ -127,6 +149,10 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
                 f"{r['useful']:.4g}, lost+pause {r['lost_pause']:.4g}"
                 + (f", plans {r['plans']} ({r['repeated']} decisions gave the last plan again, "
                    f"{r['stood']} of them found it stands under moved stays)" if digest else ""))
+            if r["kinds"]:
+                say(f"  cycles {mode.strip()}: " + "; ".join(
+                    f"{k} {n} in {sec:.1f} s ({1000 * sec / n:.3f} ms each)" if n else f"{k} 0"
+                    for k, (n, sec) in r["kinds"].items()))
         say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
             f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
             f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")

@@ -52,3 +52,34 @@ def test_memo_gives_identical_results(policy, monkeypatch):
         # `malletrain why` shows), e.g. no "changed 38s ago" from the cycle it was made in
         assert plans_memo == plans_fresh
     assert reused > 0   # the memo was exercised
+
+
+@pytest.mark.parametrize("policy", ["malletrain", "oracle"])
+def test_memo_gives_identical_results_with_the_starvation_rule(policy, monkeypatch):
+    # whether a job starves (waited starvation_s without nodes) or is protected (changed less than
+    # starvation_s ago) changes with the clock alone: a plan reused across that moment is stale
+    reused = 0
+    for seed in range(8):
+        rng = random.Random(200 + seed)
+        trace = random_trace(rng, rng.randint(2, 12), 6000)
+        workload = random_workload(rng, rng.randint(2, 6))
+        opts = ReplayOptions(core=CoreConfig(policy=policy, starvation_s=rng.choice([60.0, 300.0, 900.0])),
+                             interval_s=30.0, noise=0.05, seed=seed, check_invariants=True)
+        runs = []
+        for memo in (True, False):
+            plans: list = []
+            with monkeypatch.context() as m:
+                if not memo:
+                    class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
+                        def __setattr__(self, k, v):
+                            object.__setattr__(self, k, None if k == "plan" else v)
+                    m.setattr(replay_mod, "CycleMemo", NoMemo)
+                m.setattr(replay_mod, "run_cycle", _recorded(plans))
+                s = run_replay(trace, workload, opts).summary.to_dict()
+            reused += s["decisions_reused"] if memo else 0
+            for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean",
+                      "decisions", "decisions_reused"):
+                s.pop(k)
+            runs.append((s, plans))
+        assert runs[0] == runs[1]
+    assert reused > 0

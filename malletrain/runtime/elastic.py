@@ -459,7 +459,7 @@ class ElasticRuntime(Runtime):
         timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_s)
         t0 = time.perf_counter()
         try:
-            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined,unused-ignore]  # (no torch: no attribute to miss)
             opts._timeout = timeout
             opts._devices = [dist.ProcessGroupGloo.create_default_device()]
             self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{self.ns}/r{rnd}/pg/", self.kv),
