@@ -241,7 +241,7 @@ def test_memoised_stays_are_bitwise_the_general_computation(seed):
     table's reads reused by the next curve's."""
     rng = random.Random(seed)
     k = len(GRID)
-    horizon = rng.choice([60.0, 600.0, 3600.0, 1e6])
+    horizon = rng.choice([60.0, 600.0, 3600.0, 1e6, 5e7])     # 5e7: the horizon's end beyond the grid
     pairs = [(i, sc) for i in range(k - 1) for sc in range(-6, 7)]
     for _ in range(2):
         s, surv = 1.0, [1.0]
@@ -276,3 +276,41 @@ def test_a_curves_rate_function_is_interpolate_bitwise(seed):
         want = curve.points[n].mean if n in curve.points else (0.0 if n <= 0 else interpolate(keys, values, n))
         assert curve.rate(n) == want and curve.mean(n) == want, n
     assert Curve({}).rate(3.5) == 0.0 == Curve({}).mean(2)
+
+
+def _state(h: IdleHistory) -> tuple:
+    slots = [h._slot[n] for n in sorted(h._slot)]
+    return (h._closed, h._weight, h._log_sum, h._log_weight, h.closed, sorted(h.since.items()),
+            h._starts.tolist(), {n: list(d) for n, d in h.recent.items()}, h._seq,
+            [(None if math.isnan(h._at[k]) else float(h._at[k]), float(h._sum[k]), float(h._len[k])) for k in slots])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_nodes_leaving_at_once_close_as_one_at_a_time_would(seed):
+    """update closes every node that left at one instant in one pass (their beginnings leave the
+    sorted array at once, the slot arrays are written once); the same as closing them one update
+    at a time in the order they entered, through the renormalisation of the weights (half_life 2:
+    the weights pass 1e200 after ~1,300 closes)."""
+    rng = random.Random(seed)
+    names = [f"n{i:03d}" for i in range(120)]
+    batch, single = IdleHistory(min_stretches=5, half_life=2), IdleHistory(min_stretches=5, half_life=2)
+    pool: list[str] = rng.sample(names, 60)
+    t = 1.6e9
+    batch.update(t, tuple(pool))
+    single.update(t, tuple(pool))
+    renormed = False
+    for _ in range(300):
+        t += rng.choice([1.0, 30.0, 30.0, 600.0])
+        leave = set(rng.sample(pool, rng.randint(0, min(len(pool), 12))))
+        come = [n for n in rng.sample(names, rng.randint(0, 12)) if n not in pool]
+        kept = [n for n in pool if n not in leave]
+        by_entry = sorted(leave, key=lambda n: single._seq[n])
+        for i in range(len(by_entry)):            # one node leaves per update, at the same instant
+            single.update(t, tuple(kept + by_entry[i + 1:]))
+        pool = kept + come
+        weight = batch._weight
+        batch.update(t, tuple(pool))
+        single.update(t, tuple(pool))
+        renormed |= batch._weight < weight
+        assert _state(batch) == _state(single)
+    assert renormed and batch.closed > 1000

@@ -38,9 +38,10 @@ The model (no look-ahead: it knows only what it has seen):
 Costs (the model is consulted every cycle, so it keeps what did not change):
 
 * an update compares the pool with the last one (one C-level tuple compare when
-  nothing changed) and is otherwise O(changes · log n): set differences find the
-  nodes that came and went, entry times are kept sorted (nodes enter at the
-  current time);
+  nothing changed); otherwise set differences find the nodes that came and went,
+  the stretches that closed at that instant are counted in one loop over local
+  values, and the sorted entry times (one numpy array; nodes enter at the current
+  time) change once per update;
 * the survival table is rebuilt only when a stretch opened or closed or an open
   stretch's age crossed a grid point (each call knows when the next crossing is
   due), O(grid · log n) then;
@@ -62,7 +63,6 @@ Pure: no clock, no I/O; times come in.
 """
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from collections import deque
@@ -148,6 +148,14 @@ def _span(i: int, scale: int, horizon_s: float) -> tuple[float, tuple[int, float
     return f, _at(age / f), _at((age + horizon_s) / f)
 
 
+def _without(starts: np.ndarray, gone: Sequence[float]) -> np.ndarray:
+    """The sorted ``starts`` less one occurrence of each of ``gone`` (each is in it, as often)."""
+    out = np.sort(np.array(gone, dtype=float))
+    first = np.searchsorted(starts, out, side="left")
+    again = np.arange(len(out)) - np.searchsorted(out, out, side="left")   # the k-th equal value: k places on
+    return np.delete(starts, first + again)
+
+
 @dataclass(frozen=True)
 class _Hold:
     """A stays answer and the time window over which it holds for one pool and model version."""
@@ -188,7 +196,7 @@ class IdleHistory:
         self.min_stretches = min_stretches
         self.decay = 0.5 ** (1.0 / half_life)
         self.since: dict[str, float] = {}        # node -> when its open stretch began
-        self._starts: list[float] = []            # the open stretches' beginnings, sorted
+        self._starts = np.zeros(0)                 # the open stretches' beginnings, sorted
         self._closed = [0.0] * (len(GRID) - 1)    # decayed count of closed stretches per grid interval
         self._weight = 1.0                        # weight of the next closed stretch (grows by 1/decay)
         self.closed = 0                           # stretches closed so far (undecayed count)
@@ -212,9 +220,9 @@ class IdleHistory:
         self._table: tuple[list[float] | None, float, _StayTable] | None = None
         self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
         self._since: tuple[int, tuple[str, ...], np.ndarray, np.ndarray | None] | None = None
-        self._starts_arr: tuple[int, np.ndarray] | None = None
         self._last: _Stays | None = None
         self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
+        self._windows: tuple[Sequence[Node], list[float | None], int] | None = None
         self._index: tuple[tuple[str, ...], dict[str, int]] | None = None
         self._hold: _Hold | None = None
 
@@ -230,47 +238,76 @@ class IdleHistory:
         self._pool = names
         present = set(names)
         gone = self.since.keys() - present
-        seq = self._seq
-        for n in sorted(gone, key=lambda x: seq.get(x, -1)):
-            start = self.since.pop(n)
-            seq.pop(n, None)
-            i = bisect.bisect_left(self._starts, start)
-            del self._starts[i]
-            length = max(0.0, now_s - start)
-            self._close(length)
-            own = self.recent.setdefault(n, deque(maxlen=NODE_MEMORY))
-            own.append(math.log(max(1.0, length)))
-            k = self._slot_of(n)         # (first: it may grow the arrays)
-            self._at[k], self._sum[k], self._len[k] = math.nan, sum(own), len(own)
-        new = present - self.since.keys()
-        for n in new:
-            self.since[n] = now_s
-            k = self._slot_of(n)         # (first: it may grow the arrays)
-            self._at[k] = now_s
-            self._seq[n] = self._entered
-            self._entered += 1
-            if self._starts and self._starts[-1] > now_s:     # a clock that went back: keep it sorted
-                bisect.insort(self._starts, now_s)
-            else:
-                self._starts.append(now_s)
+        new = present - self.since.keys()          # (gone and present are disjoint: the same after closing)
+        if gone:
+            seq = self._seq
+            self._close_all(now_s, sorted(gone, key=lambda x: seq.get(x, -1)))
+        if new:
+            self._open_all(now_s, new)
         if gone or new:
             self.version += 1
+
+    def _close_all(self, now_s: float, order: Sequence[str]) -> None:
+        """Close the open stretches of ``order``'s nodes at ``now_s``, one after the other in that
+        order: each adds the current weight to its length's grid interval and its weight and
+        weighted log length to the sums, then the weight grows by 1/decay (all rescaled once it
+        passes ``_RENORM``), in a loop over local values (the intervals found at once where many
+        close); then each node's newest stretches, and the slot arrays and the sorted beginnings
+        written once."""
+        since, seq, recent, slot = self.since, self._seq, self.recent, self._slot
+        begun = [since.pop(n) for n in order]
+        for n in order:
+            seq.pop(n, None)
+        lengths = [max(0.0, now_s - b) for b in begun]
+        logs = [math.log(max(1.0, x)) for x in lengths]
+        where = _indices(np.array(lengths)).tolist() if len(lengths) > 16 else [_index(x) for x in lengths]
+        closed, w, log_sum, log_weight, decay = self._closed, self._weight, self._log_sum, self._log_weight, self.decay
+        for i, lg in zip(where, logs):
+            closed[i] += w
+            log_sum += w * lg
+            log_weight += w
+            w /= decay
+            if w > _RENORM:
+                closed = [c / w for c in closed]
+                log_sum /= w
+                log_weight /= w
+                w = 1.0
+        self._closed, self._weight, self._log_sum, self._log_weight = closed, w, log_sum, log_weight
+        self.closed += len(order)
+        slots, sums, counts = [], [], []
+        for n, lg in zip(order, logs):
+            own = recent.get(n)
+            if own is None:
+                own = recent[n] = deque(maxlen=NODE_MEMORY)
+            own.append(lg)
+            sums.append(sum(own))
+            counts.append(len(own))
+            k = slot.get(n)
+            slots.append(self._slot_of(n) if k is None else k)     # (it may grow the arrays: written below)
+        self._at[slots] = math.nan
+        self._sum[slots] = sums
+        self._len[slots] = counts
+        self._starts = _without(self._starts, begun)
+
+    def _open_all(self, now_s: float, new: Iterable[str]) -> None:
+        """Open a stretch at ``now_s`` for each of ``new``'s nodes (in that order)."""
+        since, seq, slots = self.since, self._seq, []
+        for n in new:
+            since[n] = now_s
+            slots.append(self._slot_of(n))        # (it may grow the arrays: written below)
+            seq[n] = self._entered
+            self._entered += 1
+        self._at[slots] = now_s
+        starts, added = self._starts, np.full(len(slots), now_s)
+        if len(starts) and starts[-1] > now_s:     # a clock that went back: keep it sorted
+            at = int(np.searchsorted(starts, now_s, side="right"))
+            self._starts = np.concatenate((starts[:at], added, starts[at:]))
+        else:
+            self._starts = np.concatenate((starts, added))
 
     def observe(self, now_s: float, nodes: Sequence[Node]) -> None:
         """:meth:`update` with the snapshot's pool (its names are kept for :meth:`stays`)."""
         self.update(now_s, self._names_of(nodes))
-
-    def _close(self, length_s: float) -> None:
-        self._closed[_index(length_s)] += self._weight
-        self._log_sum += self._weight * math.log(max(1.0, length_s))
-        self._log_weight += self._weight
-        self._weight /= self.decay
-        self.closed += 1
-        if self._weight > _RENORM:
-            self._closed = [c / self._weight for c in self._closed]
-            self._log_sum /= self._weight
-            self._log_weight /= self._weight
-            self._weight = 1.0
 
     # -- the survival curve -------------------------------------------------
     def survival(self, now_s: float) -> list[float] | None:
@@ -295,10 +332,7 @@ class IdleHistory:
         """Open stretches per grid interval of their age (the last one also counts those older
         than the grid), and a time before which no age crosses a grid point.  (``searchsorted``
         on the sorted beginnings is ``bisect_right``; ``now − GRID[i]`` the same subtraction.)"""
-        hit = self._starts_arr
-        if hit is None or hit[0] != self.version:
-            hit = self._starts_arr = (self.version, np.array(self._starts, dtype=float))
-        starts = hit[1]
+        starts = self._starts
         k = len(GRID) - 1
         lo = np.searchsorted(starts, now_s - _GRID_UP, side="right")     # stretches at least GRID[i+1] old
         counts = np.empty(k + 1, dtype=np.int64)
@@ -345,8 +379,7 @@ class IdleHistory:
         surv = self.survival(now_s)
         table = self._stay_table(surv, horizon_s)
         names = self._names_of(nodes)
-        windows = [n.window_end_s for n in nodes]
-        timed = len(windows) - windows.count(None)     # nodes with a known window end
+        windows, timed = self._windows_of(nodes)
         if surv is None:
             out: dict[str, Stay] = {}
             if timed:
@@ -479,6 +512,17 @@ class IdleHistory:
         names = tuple([n.name for n in nodes])       # (a list display is quicker than map/attrgetter here)
         self._names = (nodes, names)
         return names
+
+    def _windows_of(self, nodes: Sequence[Node]) -> tuple[list[float | None], int]:
+        """The nodes' window ends and how many are known (kept for the same pool tuple: the
+        stays of one pool are asked again each time its ages or the curve move)."""
+        hit = self._windows
+        if hit is not None and hit[0] is nodes and type(nodes) is tuple:
+            return hit[1], hit[2]
+        windows = [n.window_end_s for n in nodes]
+        timed = len(windows) - windows.count(None)     # nodes with a known window end
+        self._windows = (nodes, windows, timed)
+        return windows, timed
 
     def _stay_table(self, surv: list[float] | None, horizon_s: float) -> _StayTable:
         hit = self._table
