@@ -80,6 +80,7 @@ NODE_PRIOR = 2.0            # ... shrunk towards the pooled curve as if this man
 GRID_MAX_S = 1.3e8          # ~4 years: longer is 'for ever'
 _RENORM = 1e200             # weights are rescaled before they overflow
 _NEAR_GRID = 1e-9           # a vectorised grid index this close to a grid point is redone with math.log
+_FEW = 16                   # changes at one update handled one by one (more: in numpy)
 
 
 def _grid() -> tuple[float, ...]:
@@ -150,10 +151,25 @@ def _span(i: int, scale: int, horizon_s: float) -> tuple[float, tuple[int, float
 
 def _without(starts: np.ndarray, gone: Sequence[float]) -> np.ndarray:
     """The sorted ``starts`` less one occurrence of each of ``gone`` (each is in it, as often)."""
+    if len(gone) <= _FEW:       # a few: their places one by one (numpy's fixed costs would dominate)
+        at, seen = [], {}
+        for v in sorted(gone):
+            k = seen[v] = seen.get(v, -1) + 1          # the k-th equal value: k places on
+            at.append(int(np.searchsorted(starts, v, side="left")) + k)
+        return np.delete(starts, at)
     out = np.sort(np.array(gone, dtype=float))
     first = np.searchsorted(starts, out, side="left")
     again = np.arange(len(out)) - np.searchsorted(out, out, side="left")   # the k-th equal value: k places on
     return np.delete(starts, first + again)
+
+
+def _write(array: np.ndarray, at: list[int], values: list[float]) -> None:
+    """``array[at] = values``: element by element for a few (numpy's fixed cost per call), else at once."""
+    if len(at) <= _FEW:
+        for k, v in zip(at, values):
+            array[k] = v
+    else:
+        array[at] = values
 
 
 @dataclass(frozen=True)
@@ -260,7 +276,7 @@ class IdleHistory:
             seq.pop(n, None)
         lengths = [max(0.0, now_s - b) for b in begun]
         logs = [math.log(max(1.0, x)) for x in lengths]
-        where = _indices(np.array(lengths)).tolist() if len(lengths) > 16 else [_index(x) for x in lengths]
+        where = _indices(np.array(lengths)).tolist() if len(lengths) > _FEW else [_index(x) for x in lengths]
         closed, w, log_sum, log_weight, decay = self._closed, self._weight, self._log_sum, self._log_weight, self.decay
         for i, lg in zip(where, logs):
             closed[i] += w
@@ -284,9 +300,9 @@ class IdleHistory:
             counts.append(len(own))
             k = slot.get(n)
             slots.append(self._slot_of(n) if k is None else k)     # (it may grow the arrays: written below)
-        self._at[slots] = math.nan
-        self._sum[slots] = sums
-        self._len[slots] = counts
+        _write(self._at, slots, [math.nan] * len(slots))
+        _write(self._sum, slots, sums)
+        _write(self._len, slots, counts)
         self._starts = _without(self._starts, begun)
 
     def _open_all(self, now_s: float, new: Iterable[str]) -> None:
@@ -297,7 +313,7 @@ class IdleHistory:
             slots.append(self._slot_of(n))        # (it may grow the arrays: written below)
             seq[n] = self._entered
             self._entered += 1
-        self._at[slots] = now_s
+        _write(self._at, slots, [now_s] * len(slots))
         starts, added = self._starts, np.full(len(slots), now_s)
         if len(starts) and starts[-1] > now_s:     # a clock that went back: keep it sorted
             at = int(np.searchsorted(starts, now_s, side="right"))
