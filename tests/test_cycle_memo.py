@@ -9,6 +9,8 @@ import malletrain.replay.engine as replay_mod
 from malletrain.domain.config import CoreConfig
 from malletrain.replay.engine import ReplayOptions, run_replay
 
+TIMINGS = ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean", "decisions", "decisions_reused")
+
 
 def _recorded(into: list):
     real = replay_mod.run_cycle
@@ -20,6 +22,25 @@ def _recorded(into: list):
     return run_cycle
 
 
+class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
+    def __setattr__(self, k, v):
+        object.__setattr__(self, k, None if k == "plan" else v)
+
+
+def _replayed(trace, workload, opts, monkeypatch, memo: bool):
+    """The replay's summary less its timings, every cycle's plan, and how many plans were reused."""
+    plans: list = []
+    with monkeypatch.context() as m:
+        if not memo:
+            m.setattr(replay_mod, "CycleMemo", NoMemo)
+        m.setattr(replay_mod, "run_cycle", _recorded(plans))
+        s = run_replay(trace, workload, opts).summary.to_dict()
+    reused = s["decisions_reused"]
+    for k in TIMINGS:
+        s.pop(k)
+    return s, plans, reused
+
+
 @pytest.mark.parametrize("policy", ["malletrain", "oracle", "static"])
 def test_memo_gives_identical_results(policy, monkeypatch):
     reused = 0
@@ -29,24 +50,9 @@ def test_memo_gives_identical_results(policy, monkeypatch):
         workload = random_workload(rng, rng.randint(1, 6))
         opts = ReplayOptions(core=CoreConfig(policy=policy, min_dwell_s=rng.choice([0.0, 90.0])),
                              interval_s=30.0, noise=0.05, seed=seed, check_invariants=True)
-        plans_memo: list = []
-        with monkeypatch.context() as m:
-            m.setattr(replay_mod, "run_cycle", _recorded(plans_memo))
-            with_memo = run_replay(trace, workload, opts).summary.to_dict()
-        reused += with_memo["decisions_reused"]
-
-        class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
-            def __setattr__(self, k, v):
-                object.__setattr__(self, k, None if k == "plan" else v)
-        plans_fresh: list = []
-        with monkeypatch.context() as m:
-            m.setattr(replay_mod, "CycleMemo", NoMemo)
-            m.setattr(replay_mod, "run_cycle", _recorded(plans_fresh))
-            without = run_replay(trace, workload, opts).summary.to_dict()
-        for s in (with_memo, without):
-            for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean",
-                      "decisions", "decisions_reused"):
-                s.pop(k)
+        with_memo, plans_memo, n = _replayed(trace, workload, opts, monkeypatch, memo=True)
+        without, plans_fresh, _ = _replayed(trace, workload, opts, monkeypatch, memo=False)
+        reused += n
         assert with_memo == without
         # every cycle's plan, reasons included: a reused plan says what a fresh one would (what
         # `malletrain why` shows), e.g. no "changed 38s ago" from the cycle it was made in
@@ -65,21 +71,8 @@ def test_memo_gives_identical_results_with_the_starvation_rule(policy, monkeypat
         workload = random_workload(rng, rng.randint(2, 6))
         opts = ReplayOptions(core=CoreConfig(policy=policy, starvation_s=rng.choice([60.0, 300.0, 900.0])),
                              interval_s=30.0, noise=0.05, seed=seed, check_invariants=True)
-        runs = []
-        for memo in (True, False):
-            plans: list = []
-            with monkeypatch.context() as m:
-                if not memo:
-                    class NoMemo(replay_mod.CycleMemo):     # a memo that never matches
-                        def __setattr__(self, k, v):
-                            object.__setattr__(self, k, None if k == "plan" else v)
-                    m.setattr(replay_mod, "CycleMemo", NoMemo)
-                m.setattr(replay_mod, "run_cycle", _recorded(plans))
-                s = run_replay(trace, workload, opts).summary.to_dict()
-            reused += s["decisions_reused"] if memo else 0
-            for k in ("wall_s", "decision_ms_p50", "decision_ms_p95", "decision_ms_mean",
-                      "decisions", "decisions_reused"):
-                s.pop(k)
-            runs.append((s, plans))
-        assert runs[0] == runs[1]
+        with_memo, plans_memo, n = _replayed(trace, workload, opts, monkeypatch, memo=True)
+        without, plans_fresh, _ = _replayed(trace, workload, opts, monkeypatch, memo=False)
+        reused += n
+        assert (with_memo, plans_memo) == (without, plans_fresh)
     assert reused > 0

@@ -152,7 +152,8 @@ def _span(i: int, scale: int, horizon_s: float) -> tuple[float, tuple[int, float
 def _without(starts: np.ndarray, gone: Sequence[float]) -> np.ndarray:
     """The sorted ``starts`` less one occurrence of each of ``gone`` (each is in it, as often)."""
     if len(gone) <= _FEW:       # a few: their places one by one (numpy's fixed costs would dominate)
-        at, seen = [], {}
+        at: list[int] = []
+        seen: dict[float, int] = {}
         for v in sorted(gone):
             k = seen[v] = seen.get(v, -1) + 1          # the k-th equal value: k places on
             at.append(int(np.searchsorted(starts, v, side="left")) + k)
@@ -163,7 +164,7 @@ def _without(starts: np.ndarray, gone: Sequence[float]) -> np.ndarray:
     return np.delete(starts, first + again)
 
 
-def _write(array: np.ndarray, at: list[int], values: list[float]) -> None:
+def _write(array: np.ndarray, at: list[int], values: Sequence[float]) -> None:
     """``array[at] = values``: element by element for a few (numpy's fixed cost per call), else at once."""
     if len(at) <= _FEW:
         for k, v in zip(at, values):
