@@ -203,3 +203,20 @@ def test_bench_forecasts_digest_names_the_decisions(data_dir):
     assert _replay(trace, workload, False, 3, digest=True)["plans"] != off["plans"]
     assert _replay(trace, workload, False, 10)["plans"] is None
     assert _replay(trace, workload, False, 10)["repeated"] is None
+
+
+def test_bench_forecasts_split_counts_every_cycle_once(data_dir):
+    """``bench forecasts --split``: the cycles of each kind add up to the replay's cycles, the reused
+    and stood ones are the replay's own counts, and each kind's time is within the replay's."""
+    from devtools.bench_forecasts import KINDS, _replay, _trace_and_workload
+    trace, workload, _ = _trace_and_workload("philly", data_dir, 10)
+    r = _replay(trace, workload, True, 10, split=True)
+    kinds = r["kinds"]
+    assert list(kinds) == list(KINDS)
+    assert sum(n for n, _ in kinds.values()) == r["decisions"] + r["reused"]
+    assert kinds["reused"][0] == r["reused"]
+    digested = _replay(trace, workload, True, 10, digest=True)
+    assert kinds["stood"][0] == digested["stood"] > 0
+    assert kinds["fresh, no change"][0] > 0 and kinds["fresh, changes"][0] > 0
+    assert 0 < sum(s for _, s in kinds.values()) <= r["wall_s"]
+    assert digested["kinds"] is None          # not timed while hashing
