@@ -288,7 +288,8 @@ def _state(h: IdleHistory) -> tuple:
 @pytest.mark.parametrize("seed", range(4))
 def test_nodes_leaving_at_once_close_as_one_at_a_time_would(seed):
     """update closes every node that left at one instant in one pass (their beginnings leave the
-    sorted array at once, the slot arrays are written once; a few one by one, many in numpy); the
+    sorted array at once, the slot arrays are written once; the grid intervals of a few one by one,
+    of many in numpy); the
     same as closing them one update at a time in the order they entered, through the
     renormalisation of the weights (half_life 2: the weights pass 1e200 after ~1,300 closes)."""
     rng = random.Random(seed)
@@ -301,7 +302,7 @@ def test_nodes_leaving_at_once_close_as_one_at_a_time_would(seed):
     renormed = False
     for _ in range(300):
         t += rng.choice([1.0, 30.0, 30.0, 600.0])
-        many = rng.choice([4, 12, 40])          # one by one, and at once (more than availability._FEW)
+        many = rng.choice([4, 12, 40])          # intervals one by one, and in numpy (more than availability._FEW)
         leave = set(rng.sample(pool, rng.randint(0, min(len(pool), many))))
         come = [n for n in rng.sample(names, rng.randint(0, many)) if n not in pool]
         kept = [n for n in pool if n not in leave]

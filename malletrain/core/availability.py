@@ -80,7 +80,7 @@ NODE_PRIOR = 2.0            # ... shrunk towards the pooled curve as if this man
 GRID_MAX_S = 1.3e8          # ~4 years: longer is 'for ever'
 _RENORM = 1e200             # weights are rescaled before they overflow
 _NEAR_GRID = 1e-9           # a vectorised grid index this close to a grid point is redone with math.log
-_FEW = 16                   # changes at one update handled one by one (more: in numpy)
+_FEW = 16                   # more closes at one update: their grid intervals in numpy (fewer: one by one)
 
 
 def _grid() -> tuple[float, ...]:
@@ -151,26 +151,10 @@ def _span(i: int, scale: int, horizon_s: float) -> tuple[float, tuple[int, float
 
 def _without(starts: np.ndarray, gone: Sequence[float]) -> np.ndarray:
     """The sorted ``starts`` less one occurrence of each of ``gone`` (each is in it, as often)."""
-    if len(gone) <= _FEW:       # a few: their places one by one (numpy's fixed costs would dominate)
-        at: list[int] = []
-        seen: dict[float, int] = {}
-        for v in sorted(gone):
-            k = seen[v] = seen.get(v, -1) + 1          # the k-th equal value: k places on
-            at.append(int(np.searchsorted(starts, v, side="left")) + k)
-        return np.delete(starts, at)
     out = np.sort(np.array(gone, dtype=float))
     first = np.searchsorted(starts, out, side="left")
     again = np.arange(len(out)) - np.searchsorted(out, out, side="left")   # the k-th equal value: k places on
     return np.delete(starts, first + again)
-
-
-def _write(array: np.ndarray, at: list[int], values: Sequence[float]) -> None:
-    """``array[at] = values``: element by element for a few (numpy's fixed cost per call), else at once."""
-    if len(at) <= _FEW:
-        for k, v in zip(at, values):
-            array[k] = v
-    else:
-        array[at] = values
 
 
 @dataclass(frozen=True)
@@ -301,9 +285,9 @@ class IdleHistory:
             counts.append(len(own))
             k = slot.get(n)
             slots.append(self._slot_of(n) if k is None else k)     # (it may grow the arrays: written below)
-        _write(self._at, slots, [math.nan] * len(slots))
-        _write(self._sum, slots, sums)
-        _write(self._len, slots, counts)
+        self._at[slots] = math.nan
+        self._sum[slots] = sums
+        self._len[slots] = counts
         self._starts = _without(self._starts, begun)
 
     def _open_all(self, now_s: float, new: Iterable[str]) -> None:
@@ -314,7 +298,7 @@ class IdleHistory:
             slots.append(self._slot_of(n))        # (it may grow the arrays: written below)
             seq[n] = self._entered
             self._entered += 1
-        _write(self._at, slots, [now_s] * len(slots))
+        self._at[slots] = now_s
         starts, added = self._starts, np.full(len(slots), now_s)
         if len(starts) and starts[-1] > now_s:     # a clock that went back: keep it sorted
             at = int(np.searchsorted(starts, now_s, side="right"))

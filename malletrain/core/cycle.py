@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.curves import CurveSource
-from malletrain.core.decide import decide
+from malletrain.core.decide import decide, protected, starving
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
-from malletrain.domain.model import NO_OUTLOOK, Action, JobState, Outlook, Plan, Sample, Snapshot
+from malletrain.domain.model import NO_OUTLOOK, Action, Outlook, Plan, Sample, Snapshot
 
 log = logging.getLogger("malletrain.cycle")
 
@@ -56,17 +56,8 @@ def _pins(snapshot: Snapshot, config: CoreConfig) -> tuple:
     return tuple((j.job_id, j.paused_until_s > now,
                   config.min_dwell_s > 0 and j.last_change_s is not None
                   and now - j.last_change_s < config.min_dwell_s,
-                  config.starvation_s > 0 and _starvation(j, now, config.starvation_s)) for j in snapshot.jobs)
-
-
-def _starvation(job: JobState, now_s: float, starvation_s: float) -> bool:
-    """Under the starvation rule (``decide``): a job without nodes that waited ``starvation_s``
-    since it last lost its nodes (or was admitted, or submitted) is fed first; a job with nodes
-    whose size changed less than ``starvation_s`` ago is not stopped for others."""
-    if not job.nodes:
-        since = job.last_change_s if job.last_change_s is not None else job.spec.submit_s
-        return now_s - since >= starvation_s
-    return job.last_change_s is not None and now_s - job.last_change_s < starvation_s
+                  config.starvation_s > 0 and (starving(j, now, config.starvation_s)
+                                               or protected(j, now, config.starvation_s))) for j in snapshot.jobs)
 
 
 def _only_stays_moved(before: Outlook, now: Outlook) -> bool:

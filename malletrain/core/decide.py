@@ -317,12 +317,24 @@ def _waited(job: JobState, now_s: float) -> float:
     return now_s - since
 
 
+def starving(job: JobState, now_s: float, starvation_s: float) -> bool:
+    """Under the starvation rule: a job without nodes that waited ``starvation_s`` (it is fed
+    ``min_nodes`` before the others are sized)."""
+    return not job.nodes and _waited(job, now_s) >= starvation_s
+
+
+def protected(job: JobState, now_s: float, starvation_s: float) -> bool:
+    """Under the starvation rule: a job with nodes whose size changed less than ``starvation_s``
+    ago (it is not stopped to make room for others)."""
+    return bool(job.nodes) and job.last_change_s is not None and now_s - job.last_change_s < starvation_s
+
+
 def _feed_starving(jobs: Sequence[JobState], cap: Counter, now_s: float, cfg: CoreConfig,
                    targets: dict, reasons: dict) -> list[JobState]:
     """Give ``min_nodes`` to each job without nodes that waited ``starvation_s``, owners taking
     turns (longest wait first within one), while some node type has the room; the others go on
     to the allocator."""
-    due = sorted((j for j in jobs if not j.nodes and _waited(j, now_s) >= cfg.starvation_s),
+    due = sorted((j for j in jobs if starving(j, now_s, cfg.starvation_s)),
                  key=lambda j: (-_waited(j, now_s), j.job_id))
     due = _round_robin(due, Counter())      # owners take turns: one user's many jobs cannot take every grant
     fed: set[str] = set()
@@ -389,10 +401,9 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
             else:
                 equivalents[j.job_id] = opts
         choices.append(JobChoice(j.job_id, opts, tuple(t for t in mytypes if t), j.size))
-    protected = {j.job_id for j in jobs if protect > 0 and j.nodes and j.last_change_s is not None
-                 and snapshot.now_s - j.last_change_s < protect}
+    kept = {j.job_id for j in jobs if protect > 0 and protected(j, snapshot.now_s, protect)}
     # changed less than starvation_s ago: not stopped to make room for others
-    return Problem(_protect(choices, protected), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
+    return Problem(_protect(choices, kept), {t: max(0, c) for t, c in cap.items()} or {DEFAULT_NODE_TYPE: 0})
 
 
 STANDING_MARGIN = 1e-9     # of Σ max|value|: far beyond what float rounding of the DP's sums can cross
