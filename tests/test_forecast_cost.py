@@ -316,3 +316,48 @@ def test_nodes_leaving_at_once_close_as_one_at_a_time_would(seed):
         renormed |= batch._weight < weight
         assert _state(batch) == _state(single)
     assert renormed and batch.closed > 1000
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_stay_maps_compare_as_their_plain_dicts(seed):
+    """Two StayMaps of the same names compare code by code, without building their dicts: equal
+    exactly when the plain dicts are (codes renumbered, two codes with one value, a code that no
+    node has whose value differs, one node moved, values equal but not identical)."""
+    rng = random.Random(500 + seed)
+    names = tuple(f"n{i}" for i in range(rng.randint(0, 40)))
+    kinds = [Stay(round(rng.random(), 1), round(rng.random(), 1)) for _ in range(rng.randint(1, 5))]
+    codes = np.array([rng.randrange(len(kinds)) for _ in names], dtype=np.int64)
+    a = StayMap(names, codes, kinds)
+    perm = list(range(len(kinds)))
+    rng.shuffle(perm)       # the same stays under other code numbers, plus an unused code
+    spare = Stay(rng.random(), rng.random())
+    other_kinds = [Stay(kinds[perm.index(c)].fraction, kinds[perm.index(c)].leave_p) for c in range(len(kinds))]
+    b_codes = np.array([perm[c] for c in codes.tolist()], dtype=np.int64)
+    variants = [StayMap(tuple(names), b_codes, other_kinds + [spare])]
+    if len(names):
+        moved = b_codes.copy()
+        moved[rng.randrange(len(names))] = rng.randrange(len(kinds))
+        variants.append(StayMap(names, moved, other_kinds))
+        changed = list(other_kinds)
+        changed[rng.randrange(len(kinds))] = spare
+        variants.append(StayMap(names, b_codes, changed))
+    for b in variants:
+        want = dict(a.items()) == dict(b.items())
+        fresh_a, fresh_b = StayMap(names, codes, kinds), StayMap(b._names, b._codes, b._values)
+        assert (fresh_a == fresh_b) is want and (fresh_b == fresh_a) is want
+        assert fresh_a._dict is None and fresh_b._dict is None       # no dict was built
+        assert (a == dict(b.items())) is want and (dict(b.items()) == a) is want
+    assert a == StayMap(names, codes.copy(), kinds) and a != {"elsewhere": STAYING}
+
+
+def test_a_stay_map_builds_its_dict_only_when_read_node_by_node():
+    kinds = [Stay(0.2, 0.9), Stay(1.0, 0.0)]
+    m = StayMap(("a", "b", "c"), np.array([1, 0, 1]), kinds)
+    assert len(m) == 3 and m.count() == [1, 2] and m.prefix(["a", "b"]) is not None and m.groups()
+    assert m._dict is None
+    assert m.get("b") is kinds[0] and m["a"] is kinds[1] and "c" in m and "d" not in m and m.get("d") is None
+    assert list(m) == ["a", "b", "c"] and m.keys() == {"a", "b", "c"}
+    assert list(m.values()) == [kinds[1], kinds[0], kinds[1]]
+    assert m._dict is not None and m.plain() is m.plain()
+    with pytest.raises(TypeError):
+        hash(m)

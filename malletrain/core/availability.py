@@ -66,7 +66,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,7 +166,7 @@ class _Hold:
     horizon_s: float
     from_s: float
     until_s: float
-    out: dict
+    out: Mapping[str, Stay]
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class _Stays:
     names: tuple[str, ...]
     table: _StayTable
     codes: np.ndarray
-    out: dict[str, Stay]
+    out: Mapping[str, Stay]
     by_code: dict[int, Stay]            # the Stay object each code got
     by_value: dict[tuple[float, float], Stay]
 
@@ -365,10 +365,10 @@ class IdleHistory:
         factor = np.where(step, np.maximum(0.0, 1.0 - closed / np.where(step, risk, 1.0)), 1.0)
         return np.multiply.accumulate(np.concatenate(((1.0,), factor))).tolist()
 
-    def stays(self, now_s: float, nodes: Sequence[Node], horizon_s: float) -> dict[str, Stay]:
+    def stays(self, now_s: float, nodes: Sequence[Node], horizon_s: float) -> Mapping[str, Stay]:
         """Predicted :class:`Stay` of each node (only nodes with a prediction or a known window).
 
-        The answer may be the very dict an earlier call returned (when nothing changed): do not
+        The answer may be the very mapping an earlier call returned (when nothing changed): do not
         modify it.  For the same pool object, no stretch opened or closed, no node with a
         window and ``now_s`` before the first time at which the survival curve or some node's
         age interval could change (:attr:`_hold`), it is returned at once."""
@@ -452,7 +452,7 @@ class IdleHistory:
         return min(float(cross.min()), c.until_s)
 
     def _held(self, nodes: Sequence[Node], now_s: float, until_s: float, horizon_s: float,
-              out: dict[str, Stay]) -> dict[str, Stay]:
+              out: Mapping[str, Stay]) -> Mapping[str, Stay]:
         """Keep ``out`` as the answer for ``[now_s, until_s)`` while the version and pool hold."""
         self._hold = _Hold(nodes, self.version, horizon_s, now_s, until_s, out) if until_s > now_s else None
         return out

@@ -2,24 +2,27 @@
 
 The availability model (:mod:`malletrain.core.availability`) gives every node one of a
 few dozen distinct :class:`Stay` values (one per age interval and time scale).  A
-``StayMap`` is the plain ``dict`` node → Stay that ``decide`` reads (equal to any
-mapping with the same items), and it can also list its distinct stays, longest first,
-each with the nodes that have it (:meth:`StayMap.groups`, built on first use from the
-per-node codes the model computed anyway).  The objective ranks the free nodes through
-the groups (:class:`malletrain.core.objective.FreeOrder`) instead of node by node; where the
-map was built for the very pool tuple ``decide`` reads (:meth:`StayMap.covers`), it counts the
-stays of the free nodes as all the pool's counts less those of the nodes jobs hold
-(:meth:`StayMap.count`, :meth:`StayMap.ranked`): a pass over the held nodes, none over the pool.
-A job's own nodes' stays, longest first, are summed in the order of their ranks
-(:meth:`StayMap.prefix`): an integer sort instead of sorting the stays.
+``StayMap`` is the read-only mapping node → Stay that ``decide`` reads (equal to any
+mapping with the same items), kept as per-node codes into a list of distinct stays.  The
+plain ``dict`` is built only when something reads node by node (placement does; a plan
+that stands, the objective and the cycle's memo do not): on a large pool most answers are
+never read that way.  Two maps of the same names compare code by code (:meth:`StayMap.__eq__`),
+without building either dict.  A map can also list its distinct stays, longest first,
+each with the nodes that have it (:meth:`StayMap.groups`, built on first use).  The objective
+ranks the free nodes through the groups (:class:`malletrain.core.objective.FreeOrder`) instead
+of node by node; where the map was built for the very pool tuple ``decide`` reads
+(:meth:`StayMap.covers`), it counts the stays of the free nodes as all the pool's counts less
+those of the nodes jobs hold (:meth:`StayMap.count`, :meth:`StayMap.ranked`): a pass over the
+held nodes, none over the pool.  A job's own nodes' stays, longest first, are summed in the
+order of their ranks (:meth:`StayMap.prefix`): an integer sort instead of sorting the stays.
 
-Anything that builds a ``StayMap`` must not change it afterwards.  Pure; imports the
-domain model, numpy and the standard library's math only.
+Anything that builds a ``StayMap`` must not change its inputs afterwards.  Pure; imports the
+domain model, numpy and the standard library only.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
 from itertools import accumulate
 
 import numpy as np
@@ -27,29 +30,103 @@ import numpy as np
 from malletrain.domain.model import Stay
 
 
-class StayMap(dict[str, Stay]):
-    """``dict`` node → Stay, built from per-node codes into a list of distinct stays."""
+class StayMap(Mapping[str, Stay]):
+    """Read-only mapping node → Stay, kept as per-node codes into a list of distinct stays."""
 
     __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked", "_by_rank",
-                 "_code_list")
+                 "_code_list", "_dict")
 
     def __init__(self, names: Sequence[str], codes: np.ndarray, values: Sequence[Stay], *,
                  source: object = None, index: Mapping[str, int] | None = None) -> None:
         """Node ``names[i]`` has stay ``values[codes[i]]`` (names distinct).  ``source``: the
         pool sequence the names were read from, in order (see :meth:`covers`); ``index``: name →
         position in ``names``, when the caller keeps one (else built on first use)."""
-        code_list = codes.tolist()
-        super().__init__(zip(names, map(values.__getitem__, code_list)))
-        self._code_list: list[int] = code_list
         self._names = names
         self._codes = codes
         self._values = values
+        self._code_list: list[int] | None = None
+        self._dict: dict[str, Stay] | None = None
         self._groups: tuple[tuple[Stay, frozenset[str]], ...] | None = None
         self._source = source
         self._index = index
         self._totals: np.ndarray | None = None
         self._ranked: tuple[int, ...] | None = None
         self._by_rank: tuple[list[int], list[float], list[float]] | None = None
+
+    # -- the mapping: a plain dict, built on the first read node by node ----------
+    def plain(self) -> dict[str, Stay]:
+        """The plain ``dict`` node → Stay (built once; do not modify it)."""
+        d = self._dict
+        if d is None:
+            d = self._dict = dict(zip(self._names, map(self._values.__getitem__, self._codes_list())))
+        return d
+
+    def _codes_list(self) -> list[int]:
+        if self._code_list is None:
+            self._code_list = self._codes.tolist()
+        return self._code_list
+
+    def __getitem__(self, name: str) -> Stay:
+        return self.plain()[name]
+
+    def get(self, name: str, default=None):
+        return self.plain().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.plain()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.plain())
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def keys(self) -> KeysView[str]:
+        return self.plain().keys()
+
+    def values(self) -> ValuesView[Stay]:
+        return self.plain().values()
+
+    def items(self) -> ItemsView[str, Stay]:
+        return self.plain().items()
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any mapping with the same items.  Two maps of the same names compare code by
+        code, without building either dict (:meth:`_same_stays`)."""
+        if other is self:
+            return True
+        if isinstance(other, StayMap) and (other._names is self._names or other._names == self._names):
+            return self._same_stays(other)
+        if isinstance(other, Mapping):
+            if len(other) != len(self):
+                return False
+            return self.plain() == (other.plain() if isinstance(other, StayMap) else dict(other.items()))
+        return NotImplemented
+
+    def _same_stays(self, other: StayMap) -> bool:
+        """Every node has equal stays in both maps (of the same names).  Where the maps differ it
+        is mostly at once: the first node, then the nodes whose codes differ, are looked at first.
+        With the same codes, the codes that occur must name equal stays; else every pair of codes
+        that occurs."""
+        a, b = self._codes, other._codes
+        va, vb = self._values, other._values
+        if not len(a):
+            return True
+        if not ((x := va[a[0]]) is (y := vb[b[0]]) or x == y):
+            return False
+        moved = np.flatnonzero(a != b)
+        if not len(moved):
+            return all(x is (y := vb[c]) or x == y for c, (x, n) in enumerate(zip(va, self.count())) if n)
+        if not all(va[i] is vb[j] or va[i] == vb[j] for i, j in zip(a[moved].tolist(), b[moved].tolist())):
+            return False
+        width = int(b.max()) + 1
+        return all((x := va[p // width]) is (y := vb[p % width]) or x == y
+                   for p in np.unique(a * width + b).tolist())
+
+    __hash__ = None     # type: ignore[assignment]  # a mapping: unhashable, as a dict
+
+    def __repr__(self) -> str:
+        return f"StayMap({self.plain()!r})"
 
     @property
     def by_code(self) -> Sequence[Stay]:
@@ -90,7 +167,7 @@ class StayMap(dict[str, Stay]):
         at = list(map(self._index.get, names))
         if None in at:
             return None
-        codes = map(self._code_list.__getitem__, at)  # type: ignore[arg-type]  # no None: checked
+        codes = map(self._codes_list().__getitem__, at)  # type: ignore[arg-type]  # no None: checked
         ranks = sorted(map(rank_of.__getitem__, codes))
         return list(zip(accumulate(map(fractions.__getitem__, ranks), initial=0.0),
                         accumulate(map(logs_of.__getitem__, ranks), initial=0.0)))
