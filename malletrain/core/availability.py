@@ -149,6 +149,12 @@ def _span(i: int, scale: int, horizon_s: float) -> tuple[float, tuple[int, float
     return f, _at(age / f), _at((age + horizon_s) / f)
 
 
+def _same(a: tuple, b: tuple) -> bool:
+    """``a == b`` for two tuples, at once when they are one object (a tuple's ``==`` compares
+    item by item even then)."""
+    return a is b or a == b
+
+
 def _without(starts: np.ndarray, gone: Sequence[float]) -> np.ndarray:
     """The sorted ``starts`` less one occurrence of each of ``gone`` (each is in it, as often)."""
     out = np.sort(np.array(gone, dtype=float))
@@ -234,7 +240,7 @@ class IdleHistory:
         Nodes that leave at one instant close in the order they entered (equal entry times
         give equal lengths, so the order among them does not change a sum)."""
         names = pool if isinstance(pool, tuple) else tuple(pool)
-        if names == self._pool:
+        if names is self._pool or names == self._pool:     # (a tuple's == has no shortcut for itself)
             return
         self._pool = names
         present = set(names)
@@ -242,7 +248,11 @@ class IdleHistory:
         new = present - self.since.keys()          # (gone and present are disjoint: the same after closing)
         if gone:
             seq = self._seq
-            self._close_all(now_s, sorted(gone, key=lambda x: seq.get(x, -1)))
+            try:
+                order = sorted(gone, key=seq.__getitem__)
+            except KeyError:        # (a node put in ``since`` from outside: none has its order)
+                order = sorted(gone, key=lambda x: seq.get(x, -1))
+            self._close_all(now_s, order)
         if new:
             self._open_all(now_s, new)
         if gone or new:
@@ -292,12 +302,15 @@ class IdleHistory:
 
     def _open_all(self, now_s: float, new: Iterable[str]) -> None:
         """Open a stretch at ``now_s`` for each of ``new``'s nodes (in that order)."""
-        since, seq, slots = self.since, self._seq, []
+        since, seq, slot, slots = self.since, self._seq, self._slot, []
+        entered = self._entered
         for n in new:
             since[n] = now_s
-            slots.append(self._slot_of(n))        # (it may grow the arrays: written below)
-            seq[n] = self._entered
-            self._entered += 1
+            k = slot.get(n)
+            slots.append(self._slot_of(n) if k is None else k)        # (it may grow the arrays: written below)
+            seq[n] = entered
+            entered += 1
+        self._entered = entered
         self._at[slots] = now_s
         starts, added = self._starts, np.full(len(slots), now_s)
         if len(starts) and starts[-1] > now_s:     # a clock that went back: keep it sorted
@@ -408,7 +421,7 @@ class IdleHistory:
             exact = [(i, max(0.0, end - now_s)) for i, end in enumerate(windows)
                      if end is not None and max(0.0, end - now_s) < horizon_s]
         last = self._last
-        if (not exact and last is not None and last.table is table and last.names == names
+        if (not exact and last is not None and last.table is table and _same(last.names, names)
                 and np.array_equal(last.codes, codes)):
             return self._held(nodes, now_s, until, horizon_s, last.out)
         present = np.zeros(len(GRID) * (hi - lo + 1), dtype=bool)    # codes are small: a dense remap
@@ -422,7 +435,7 @@ class IdleHistory:
             per_code = [last.by_value.get((st.fraction, st.leave_p), st) for st in per_code]
         if not exact:
             by_code = dict(zip(uniq, per_code))
-            if (last is not None and last.names == names and np.array_equal(last.codes, codes)
+            if (last is not None and _same(last.names, names) and np.array_equal(last.codes, codes)
                     and all(last.by_code.get(c) is st for c, st in by_code.items())):
                 self._last = _Stays(names, table, codes, last.out, by_code, last.by_value)
                 return self._held(nodes, now_s, until, horizon_s, last.out)     # a new table, the same stays
@@ -461,7 +474,7 @@ class IdleHistory:
         """When each node's open stretch began (and which have none), kept while no stretch
         opened or closed and the pool is the same."""
         hit = self._since
-        if hit is not None and hit[0] == self.version and hit[1] == names:
+        if hit is not None and hit[0] == self.version and _same(hit[1], names):
             return hit[2], hit[3]
         slots = self._slots_of(names)        # (first: it may grow the arrays)
         since = self._at[slots]              # NaN where no stretch is open, as since.get gives
@@ -488,10 +501,12 @@ class IdleHistory:
         if hit is not None and hit[0] is names:
             return hit[1]
         slot = self._slot
-        if not slot.keys() >= set(names):
+        try:
+            slots = np.fromiter(map(slot.__getitem__, names), dtype=np.int64, count=len(names))
+        except KeyError:        # a node never seen: give every such node its slot, then read again
             for n in names:
                 self._slot_of(n)
-        slots = np.fromiter(map(slot.__getitem__, names), dtype=np.int64, count=len(names))
+            slots = np.fromiter(map(slot.__getitem__, names), dtype=np.int64, count=len(names))
         self._slots = (names, slots)
         return slots
 
@@ -537,7 +552,7 @@ class IdleHistory:
         """:meth:`_scale` of every node, vectorised (the same float operations, rounded half to
         even as ``round`` does); kept while no stretch closed and the pool is the same."""
         hit = self._scales
-        if hit is not None and hit[0] == self.version and hit[1] == names:
+        if hit is not None and hit[0] == self.version and _same(hit[1], names):
             return hit[2]
         n = len(names)
         if self._log_weight <= 0:       # no stretch closed yet
