@@ -289,9 +289,9 @@ def _state(h: IdleHistory) -> tuple:
 def test_nodes_leaving_at_once_close_as_one_at_a_time_would(seed):
     """update closes every node that left at one instant in one pass (their beginnings leave the
     sorted array at once, the slot arrays are written once; the grid intervals of a few one by one,
-    of many in numpy); the
-    same as closing them one update at a time in the order they entered, through the
-    renormalisation of the weights (half_life 2: the weights pass 1e200 after ~1,300 closes)."""
+    of many in numpy); the same as closing them one update at a time in the order they entered,
+    through the renormalisation of the weights (half_life 2: the weights pass 1e200 after ~1,300
+    closes)."""
     rng = random.Random(seed)
     names = [f"n{i:03d}" for i in range(200)]
     batch, single = IdleHistory(min_stretches=5, half_life=2), IdleHistory(min_stretches=5, half_life=2)

@@ -240,7 +240,7 @@ class IdleHistory:
         Nodes that leave at one instant close in the order they entered (equal entry times
         give equal lengths, so the order among them does not change a sum)."""
         names = pool if isinstance(pool, tuple) else tuple(pool)
-        if names is self._pool or names == self._pool:     # (a tuple's == has no shortcut for itself)
+        if _same(names, self._pool):
             return
         self._pool = names
         present = set(names)

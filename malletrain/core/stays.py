@@ -100,7 +100,9 @@ class StayMap(Mapping[str, Stay]):
         if isinstance(other, Mapping):
             if len(other) != len(self):
                 return False
-            return self.plain() == (other.plain() if isinstance(other, StayMap) else dict(other.items()))
+            plain = (other.plain() if isinstance(other, StayMap)
+                     else other if isinstance(other, dict) else dict(other.items()))
+            return self.plain() == plain
         return NotImplemented
 
     def _same_stays(self, other: StayMap) -> bool:
