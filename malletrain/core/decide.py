@@ -90,6 +90,12 @@ def _pool_of(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
     return _POOL[1], _POOL[2]
 
 
+def _in_pool(names: tuple[str, ...], pool: Mapping[str, object]) -> tuple[str, ...]:
+    """``names`` without those not in ``pool``, in order (the same tuple when all are in it:
+    C-level passes)."""
+    return names if all(map(pool.__contains__, names)) else tuple(filter(pool.__contains__, names))
+
+
 Reason = tuple[ReasonCode, str]
 
 
@@ -128,7 +134,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     notes: list[str] = []
     live = list(snapshot.jobs)
     # Jobs whose nodes left the pool already lost them (the backend shrank them).
-    held_now = {j.job_id: tuple(n for n in j.nodes if n in pool) for j in live}
+    held_now = {j.job_id: _in_pool(j.nodes, pool) for j in live}
     jobs = [JobState(j.spec, held_now[j.job_id], j.node_type, j.paused_until_s, j.last_change_s)
             for j in live]
 
@@ -683,7 +689,7 @@ def _actions(jobs: Sequence[JobState], alloc: Mapping[str, tuple[str, ...]],
             kind = ActionKind.START
         elif not new:
             kind = ActionKind.STOP
-        elif set(new) == set(old):
+        elif new == old or set(new) == set(old):
             kind = ActionKind.KEEP
         elif set(old) <= set(new):
             kind = ActionKind.GROW

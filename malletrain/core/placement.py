@@ -25,11 +25,13 @@ take O(count).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from itertools import repeat
+from collections.abc import Set as AbstractSet
+from itertools import filterfalse, repeat
 from operator import attrgetter, neg
 
+from malletrain.core.stays import StayMap
 from malletrain.domain.model import JobState, Node, Stay
 
 NO_STAYS: Mapping[str, Stay] = {}
@@ -49,68 +51,103 @@ def _ranker(stays: Mapping[str, Stay]) -> Callable[[Node], tuple]:
 
 _STAYS = Stay(1.0, 0.0)       # a node without a prediction ranks as one that stays
 _FRACTION, _LEAVE, _VARIABILITY = attrgetter("fraction"), attrgetter("leave_p"), attrgetter("variability")
+_GROUP, _NAME, _TYPE, _WINDOW = (attrgetter("group"), attrgetter("name"), attrgetter("node_type"),
+                                 attrgetter("window_end_s"))
 
 
 def _ranked(nodes: Sequence[Node], stays: Mapping[str, Stay]) -> list[Node]:
     """``nodes`` sorted by :func:`_ranker`'s key, the keys built with C-level passes (the same
     values: ``-fraction`` is ``neg(fraction)``; a node without a stay gets (-1.0, 0.0))."""
-    names = [n.name for n in nodes]
-    st = list(map(stays.get, names, repeat(_STAYS)))
-    windows = [-(math.inf if n.window_end_s is None else n.window_end_s) for n in nodes]
-    keys = list(zip(map(neg, map(_FRACTION, st)), map(_LEAVE, st), windows, map(_VARIABILITY, nodes), names))
+    names = list(map(_NAME, nodes))
+    get = stays.plain().get if isinstance(stays, StayMap) else stays.get
+    st = list(map(get, names, repeat(_STAYS)))
+    ends = list(map(_WINDOW, nodes))
+    if None in ends:
+        ends = [math.inf if e is None else e for e in ends]
+    keys = list(zip(map(neg, map(_FRACTION, st)), map(_LEAVE, st), map(neg, ends), map(_VARIABILITY, nodes), names))
     return [nodes[i] for i in sorted(range(len(nodes)), key=keys.__getitem__)]
 
 
+class _Queue:
+    """Free node names in the order they are handed out, read from ``at`` on (names before it
+    were handed out, or skipped as taken through another queue)."""
+
+    __slots__ = ("names", "at")
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.at = 0
+
+    def take(self, count: int, taken: AbstractSet[str]) -> list[str]:
+        """Up to ``count`` names not in ``taken``, in order (C-level passes over the names)."""
+        got: list[str] = []
+        names = self.names
+        while len(got) < count and self.at < len(names):
+            chunk = names[self.at:self.at + count - len(got)]
+            self.at += len(chunk)
+            got.extend(filterfalse(taken.__contains__, chunk))
+        return got
+
+
 class _FreeNodes:
-    def __init__(self, nodes: Sequence[Node], stays: Mapping[str, Stay]) -> None:
+    """The free nodes as queues of names, ranked (:func:`_ranked`): per type, per (type, group),
+    and per speed order on first use; a name handed out through one queue is skipped by the others."""
+
+    def __init__(self, nodes: Sequence[Node], stays: Mapping[str, Stay], by_name: Mapping[str, Node]) -> None:
         ordered = _ranked(nodes, stays)
-        self.by_type: dict[str, deque] = defaultdict(deque)
-        self.by_group: dict[tuple[str, str], deque] = defaultdict(deque)
-        self.count: Counter = Counter()
-        for n in ordered:
-            self.by_type[n.node_type].append(n)
-            self.by_group[(n.node_type, n.group)].append(n)
-            self.count[(n.node_type, n.group)] += 1
+        names = list(map(_NAME, ordered))
+        types = list(map(_TYPE, ordered))
+        per_group: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for key, name in zip(zip(types, map(_GROUP, ordered)), names):
+            per_group[key].append(name)
+        self.by_group = {key: _Queue(q) for key, q in per_group.items()}
+        kinds = set(types)
+        if len(kinds) == 1:
+            self.by_type = {types[0]: _Queue(names)}
+        else:
+            per_type: dict[str, list[str]] = defaultdict(list)
+            for t, name in zip(types, names):
+                per_type[t].append(name)
+            self.by_type = {t: _Queue(q) for t, q in per_type.items()}
+        self.count: Counter = Counter({key: len(q) for key, q in per_group.items()})
         self.taken: set[str] = set()
         self._ordered = ordered
-        self._by_speed: dict[tuple[str, str | None, int], deque] = {}   # built on first use
+        self._by_name = by_name
+        self._by_speed: dict[tuple[str, str | None, int], _Queue] = {}   # built on first use
 
-    def _speed_order(self, ntype: str, group: str | None, speed: int) -> deque:
+    def _speed_order(self, ntype: str, group: str | None, speed: int) -> _Queue:
         """Free nodes fastest first (``speed`` 1) or slowest first (-1), ``rank`` among equals."""
         key = (ntype, group, speed)
         if key not in self._by_speed:
-            self._by_speed[key] = deque(sorted((n for n in self._ordered if n.node_type == ntype
-                                                and (group is None or n.group == group)),
-                                               key=lambda n: speed * n.variability))
+            self._by_speed[key] = _Queue([n.name for n in sorted((n for n in self._ordered if n.node_type == ntype
+                                                                  and (group is None or n.group == group)),
+                                                                 key=lambda n: speed * n.variability)])
         return self._by_speed[key]
 
-    def _pop(self, q: deque) -> Node | None:
-        while q:
-            n = q.popleft()
-            if n.name not in self.taken:
-                return n
-        return None
+    def _queue(self, ntype: str, group: str | None) -> _Queue:
+        q = self.by_group.get((ntype, group)) if group is not None else self.by_type.get(ntype)
+        return q if q is not None else _Queue([])
 
-    def take(self, ntype: str, count: int, group: str | None, speed: int = 0) -> list[Node]:
+    def take(self, ntype: str, count: int, group: str | None, speed: int = 0) -> list[str]:
         if group is None:
             groups = {g: c for (t, g), c in self.count.items() if t == ntype and c > 0}
             if groups:
                 fits = [g for g, c in groups.items() if c >= count]
                 group = max(fits or groups, key=lambda g: (groups[g], g))
-        got: list[Node] = []
+        got: list[str] = []
         if speed:
             queues = (([self._speed_order(ntype, group, speed)] if group is not None else [])
                       + [self._speed_order(ntype, None, speed)])
         else:
-            queues = ([self.by_group[(ntype, group)]] if group is not None else []) + [self.by_type[ntype]]
+            queues = ([self._queue(ntype, group)] if group is not None else []) + [self._queue(ntype, None)]
         for q in queues:
-            while len(got) < count:
-                n = self._pop(q)
-                if n is None:
-                    break
-                self.taken.add(n.name)
-                self.count[(n.node_type, n.group)] -= 1
-                got.append(n)
+            if len(got) >= count:
+                break
+            picked = q.take(count - len(got), self.taken)
+            self.taken.update(picked)
+            got += picked
+        for g, k in Counter(map(_GROUP, map(self._by_name.__getitem__, got))).items():
+            self.count[(ntype, g)] -= k
         return got
 
 
@@ -127,16 +164,18 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
     out: dict[str, tuple[str, ...]] = {}
     held: set[str] = set()
     for job in jobs:
-        own = [by_name[n] for n in job.nodes if n in by_name]
+        own = (job.nodes if all(map(by_name.__contains__, job.nodes))
+               else tuple(filter(by_name.__contains__, job.nodes)))
         want = targets.get(job.job_id, (None, 0))[1]
-        keep = own if want >= len(own) else sorted(own, key=_rank)[:want]
-        out[job.job_id] = tuple(n.name for n in keep)
-        held.update(out[job.job_id])
+        if want < len(own):
+            own = tuple(n.name for n in sorted(map(by_name.__getitem__, own), key=_rank)[:want])
+        out[job.job_id] = own
+        held.update(own)
     index: list[_FreeNodes] = []   # built on first use: most cycles take no node
 
     def take(job_id: str, ntype: str | None, count: int, group: str | None) -> None:
         if not index:
-            index.append(_FreeNodes([n for n in nodes if n.name not in held], stays))
+            index.append(_FreeNodes([n for n in nodes if n.name not in held], stays, by_name))
         free = index[0]
         s = sensitive.get(job_id)
         speed = 0 if s is None else 1 if s >= SENSITIVE else -1 if s <= INSENSITIVE else 0
@@ -144,7 +183,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
         if len(got) < count:
             raise ValueError(f"placement: job {job_id} needs {count} more nodes of type "
                              f"{ntype}, only {len(got)} free")
-        out[job_id] = out[job_id] + tuple(n.name for n in got)
+        out[job_id] = out[job_id] + tuple(got)
 
     if exposure or sensitive:   # jobs slowed by slow nodes, then who loses most when a node is taken back
         rank = {j.job_id: i for i, j in enumerate(jobs)}
@@ -154,7 +193,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
         ntype, want = targets.get(job.job_id, (None, 0))
         have = len(out[job.job_id])
         if have and want > have:
-            groups = Counter(by_name[n].group for n in out[job.job_id])
+            groups = Counter(map(_GROUP, map(by_name.__getitem__, out[job.job_id])))
             take(job.job_id, ntype or by_name[out[job.job_id][0]].node_type, want - have,
                  groups.most_common(1)[0][0])
     for job in jobs:
