@@ -62,13 +62,36 @@ class RescaleLearner:
         self._elastic: set[str] = set()           # jobs that re-form in place (issue #26)
         self.rejected = 0
         self.version = 0        # bumps with every change that can change a cost
+        # cost() memo per job, valid while the job's own data, its profile's pool and the epoch
+        # (bumped by what can touch any job: loads, prunes, evictions) are as they were
+        self._job_stamp: dict[str, int] = {}
+        self._pool_stamp: dict[tuple[str, bool], int] = {}
+        self._epoch = 0
+        self._memo: dict[str, tuple[tuple, RescaleCost]] = {}
+
+    def _touch_job(self, job_id: str) -> None:
+        self._job_stamp[job_id] = self._job_stamp.get(job_id, 0) + 1
+
+    def _touch_pool(self, key: tuple[str, bool]) -> None:
+        if key not in self._pool_stamp and len(self._pool_stamp) >= 2 * self.MAX_PROFILES:
+            self._new_epoch()
+        self._pool_stamp[key] = self._pool_stamp.get(key, 0) + 1
+
+    def _new_epoch(self) -> None:
+        """Something that can change any job's cost: every memoised cost goes."""
+        self._epoch += 1
+        self._memo.clear()
+        self._job_stamp.clear()
+        self._pool_stamp.clear()
 
     def register(self, job_id: str, profile: str, elastic: bool = False) -> None:
         if self._profile.get(job_id) != profile:
             self._profile[job_id] = profile
+            self._touch_job(job_id)
             self.version += 1
         if elastic != (job_id in self._elastic):
             (self._elastic.add if elastic else self._elastic.discard)(job_id)
+            self._touch_job(job_id)
             self.version += 1
 
     def elastic(self, job_id: str) -> bool:
@@ -81,6 +104,8 @@ class RescaleLearner:
         self._elastic.discard(job_id)
         for k in PauseKind:
             self._jobs.pop((job_id, k), None)
+        self._memo.pop(job_id, None)
+        self._job_stamp.pop(job_id, None)
         self.version += 1
 
     def _key(self, job_id: str, kind: PauseKind) -> PauseKind:
@@ -96,9 +121,12 @@ class RescaleLearner:
             return False
         kind = self._key(sample.job_id, sample.kind)
         self._push(self._jobs, (sample.job_id, kind), float(p), self.MAX_JOBS)
+        self._touch_job(sample.job_id)
         prof = self._profile.get(sample.job_id, "")
         if prof and kind not in _UNPROMPTED:     # what no change of the daemon's caused stays the job's
-            self._push(self._profiles, (prof, kind, sample.job_id in self._elastic), float(p), self.MAX_PROFILES)
+            elastic = sample.job_id in self._elastic
+            self._push(self._profiles, (prof, kind, elastic), float(p), self.MAX_PROFILES)
+            self._touch_pool((prof, elastic))
         self.version += 1
         return True
 
@@ -108,6 +136,7 @@ class RescaleLearner:
         table[key] = q                      # newest keys last: the oldest go first
         while len(table) > limit:
             del table[next(iter(table))]
+            self._new_epoch()               # another job's or profile's pauses went
 
     def prune(self, jobs: set[str]) -> None:
         """Keep only these jobs' own measurements (the others ended unseen); profiles stay."""
@@ -116,6 +145,7 @@ class RescaleLearner:
         for job in [j for j in self._profile if j not in jobs]:
             del self._profile[job]
         self._elastic &= jobs
+        self._new_epoch()
         self.version += 1
 
     # persistence (the daemon's store keeps this across restarts)
@@ -144,6 +174,7 @@ class RescaleLearner:
         for job, prof in list(data.get("job_profiles", {}).items())[:self.MAX_JOBS]:
             self._profile.setdefault(str(job), str(prof))
         self._elastic.update(str(j) for j in list(data.get("elastic", []))[:self.MAX_JOBS])
+        self._new_epoch()
         self.version += 1
 
     def measured(self, job_id: str, kind: PauseKind) -> tuple[float, ...]:
@@ -162,7 +193,22 @@ class RescaleLearner:
         return (float(statistics.median((*own, prior))) if own else prior), len(own)
 
     def cost(self, job_id: str, up_guess_s: float, down_guess_s: float) -> RescaleCost:
-        """The pauses to charge ``job_id``: learned, with the prior as one more measurement."""
+        """The pauses to charge ``job_id``: learned, with the prior as one more measurement.
+        Memoised per job while what it reads is unchanged (its own pauses, its profile and the
+        profile's pool, whether it is elastic, the guesses)."""
+        profile, elastic = self._profile.get(job_id, ""), job_id in self._elastic
+        key = (up_guess_s, down_guess_s, self._epoch, self._job_stamp.get(job_id, 0), profile, elastic,
+               self._pool_stamp.get((profile, elastic), 0))
+        hit = self._memo.get(job_id)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        cost = self._cost(job_id, up_guess_s, down_guess_s)
+        if len(self._memo) >= self.MAX_JOBS:
+            self._memo.clear()
+        self._memo[job_id] = (key, cost)
+        return cost
+
+    def _cost(self, job_id: str, up_guess_s: float, down_guess_s: float) -> RescaleCost:
         up, up_n = self._estimate(job_id, START, up_guess_s)
         down, down_n = self._estimate(job_id, SHRINK, down_guess_s)
         if job_id not in self._elastic:

@@ -361,3 +361,41 @@ def test_a_stay_map_builds_its_dict_only_when_read_node_by_node():
     assert m._dict is not None and m.plain() is m.plain()
     with pytest.raises(TypeError):
         hash(m)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_memoised_pause_costs_equal_computing_them_afresh(seed):
+    """RescaleLearner.cost is memoised per job; after every change of a random sequence (samples of
+    every kind, shared profiles, elastic groups, re-registration, forgetting, pruning, evictions
+    from small tables, a dump loaded into a fresh learner) each job's cost equals the computation
+    without the memo."""
+    from malletrain.domain.model import PauseKind, PauseSample
+    from malletrain.jpa.rescale import RescaleLearner
+    rng = random.Random(700 + seed)
+    learner = RescaleLearner(keep=3)
+    learner.MAX_JOBS, learner.MAX_PROFILES = 12, 3       # small tables: evictions happen
+    jobs = [f"j{i}" for i in range(8)]
+    guesses = {j: (rng.uniform(1, 60), rng.uniform(1, 30)) for j in jobs}
+
+    def check(lr):
+        for j in jobs:
+            up, down = guesses[j]
+            assert lr.cost(j, up, down) == lr._cost(j, up, down), j
+    for step in range(300):
+        op = rng.random()
+        j = rng.choice(jobs)
+        if op < 0.6:
+            learner.add(PauseSample(j, rng.choice(list(PauseKind)), rng.uniform(0, 120), float(step)))
+        elif op < 0.75:
+            learner.register(j, rng.choice(["", "p1", "p2", "p3", "p4"]), rng.random() < 0.3)
+        elif op < 0.8:
+            learner.forget(j)
+        elif op < 0.83:
+            learner.prune(set(rng.sample(jobs, 5)))
+        elif op < 0.86:
+            guesses[j] = (rng.uniform(1, 60), rng.uniform(1, 30))
+        check(learner)
+        if step % 50 == 49:
+            fresh = RescaleLearner(keep=3)
+            fresh.load(learner.dump())
+            check(fresh)
