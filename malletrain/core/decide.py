@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
+from itertools import chain
 
 from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
 from malletrain.core.placement import place
@@ -369,8 +370,8 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
     stays = outlook.stays
     free = None
     if stays:   # the nodes a growing job could get: free ones first, then those of jobs that may shrink
-        taken = {n for j in snapshot.jobs if j.job_id in targets for n in j.nodes}
-        held = {n for j in jobs for n in j.nodes}
+        taken = set(chain.from_iterable(j.nodes for j in snapshot.jobs if j.job_id in targets))
+        held = set(chain.from_iterable(j.nodes for j in jobs))
         grow = max((j.spec.max_nodes - j.size for j in jobs), default=0)
         if isinstance(stays, StayMap) and (stays.covers(snapshot.nodes) or stays.keys() == pool.keys()):
             free = FreeOrder.of_pool(stays, taken | held, held, limit=grow)

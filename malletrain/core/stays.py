@@ -183,8 +183,11 @@ class StayMap(Mapping[str, Stay]):
             return self._totals.tolist()
         if self._index is None:
             self._index = dict(zip(self._names, range(len(self._names))))
-        at = self._index.get
-        idx = [i for i in map(at, names) if i is not None]
+        try:
+            idx = list(map(self._index.__getitem__, names))
+        except KeyError:        # some are not in the map: count the others
+            at = self._index.get
+            idx = [i for i in map(at, names) if i is not None]
         return np.bincount(self._codes[idx], minlength=len(self._values)).tolist()
 
     def groups(self) -> tuple[tuple[Stay, frozenset[str]], ...]:
