@@ -38,7 +38,7 @@ from dataclasses import replace
 from itertools import chain
 
 from malletrain.core.objective import FreeOrder, expected_values, pace_of, unit_rate, unit_weight
-from malletrain.core.placement import place
+from malletrain.core.placement import in_pool, place
 from malletrain.core.stays import StayMap
 from malletrain.domain.config import FORECAST_POLICIES, CoreConfig
 from malletrain.domain.model import (
@@ -91,12 +91,6 @@ def _pool_of(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
     return _POOL[1], _POOL[2]
 
 
-def _in_pool(names: tuple[str, ...], pool: Mapping[str, object]) -> tuple[str, ...]:
-    """``names`` without those not in ``pool``, in order (the same tuple when all are in it:
-    C-level passes)."""
-    return names if all(map(pool.__contains__, names)) else tuple(filter(pool.__contains__, names))
-
-
 Reason = tuple[ReasonCode, str]
 
 
@@ -135,7 +129,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     notes: list[str] = []
     live = list(snapshot.jobs)
     # Jobs whose nodes left the pool already lost them (the backend shrank them).
-    held_now = {j.job_id: _in_pool(j.nodes, pool) for j in live}
+    held_now = {j.job_id: in_pool(j.nodes, pool) for j in live}
     jobs = [JobState(j.spec, held_now[j.job_id], j.node_type, j.paused_until_s, j.last_change_s)
             for j in live]
 

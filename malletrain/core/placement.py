@@ -55,6 +55,12 @@ _GROUP, _NAME, _TYPE, _WINDOW = (attrgetter("group"), attrgetter("name"), attrge
                                  attrgetter("window_end_s"))
 
 
+def in_pool(names: tuple[str, ...], pool: Mapping[str, object]) -> tuple[str, ...]:
+    """``names`` without those not in ``pool``, in order (the same tuple when all are in it:
+    C-level passes)."""
+    return names if all(map(pool.__contains__, names)) else tuple(filter(pool.__contains__, names))
+
+
 def _ranked(nodes: Sequence[Node], stays: Mapping[str, Stay]) -> list[Node]:
     """``nodes`` sorted by :func:`_ranker`'s key, the keys built with C-level passes (the same
     values: ``-fraction`` is ``neg(fraction)``; a node without a stay gets (-1.0, 0.0))."""
@@ -164,8 +170,7 @@ def place(nodes: Sequence[Node], jobs: Sequence[JobState],
     out: dict[str, tuple[str, ...]] = {}
     held: set[str] = set()
     for job in jobs:
-        own = (job.nodes if all(map(by_name.__contains__, job.nodes))
-               else tuple(filter(by_name.__contains__, job.nodes)))
+        own = in_pool(job.nodes, by_name)
         want = targets.get(job.job_id, (None, 0))[1]
         if want < len(own):
             own = tuple(n.name for n in sorted(map(by_name.__getitem__, own), key=_rank)[:want])
