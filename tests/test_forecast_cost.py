@@ -281,7 +281,7 @@ def test_a_curves_rate_function_is_interpolate_bitwise(seed):
 def _state(h: IdleHistory) -> tuple:
     slots = [h._slot[n] for n in sorted(h._slot)]
     return (h._closed, h._weight, h._log_sum, h._log_weight, h.closed, sorted(h.since.items()),
-            h._starts.tolist(), {n: list(d) for n, d in h.recent.items()}, h._seq,
+            h._starts.tolist(), {n: h.recent(n) for n in sorted(h._slot)}, h._seq,
             [(None if math.isnan(h._at[k]) else float(h._at[k]), float(h._sum[k]), float(h._len[k])) for k in slots])
 
 

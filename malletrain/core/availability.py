@@ -39,8 +39,10 @@ Costs (the model is consulted every cycle, so it keeps what did not change):
 
 * an update compares the pool with the last one (one C-level tuple compare when
   nothing changed); otherwise set differences find the nodes that came and went,
-  the stretches that closed at that instant are counted in one loop over local
-  values, and the sorted entry times (one numpy array; nodes enter at the current
+  the stretches that closed at that instant are counted in numpy with the very
+  operations of a loop over them in order (sequential accumulates; a loop where the
+  weights renormalise), each node's newest stretches are a row of one array shifted
+  at once, and the sorted entry times (one numpy array; nodes enter at the current
   time) change once per update;
 * the survival table is rebuilt only when a stretch opened or closed or an open
   stretch's age crossed a grid point (each call knows when the next crossing is
@@ -68,6 +70,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -208,7 +211,6 @@ class IdleHistory:
         self._weight = 1.0                        # weight of the next closed stretch (grows by 1/decay)
         self.closed = 0                           # stretches closed so far (undecayed count)
         self.version = 0                          # bumps with every change
-        self.recent: dict[str, deque[float]] = {}  # node -> log lengths of its newest stretches
         self._log_sum = 0.0                         # decayed Σ log length of closed stretches
         self._log_weight = 0.0
         # what the per-cycle calls keep between them (see the module doc, "Costs")
@@ -216,10 +218,12 @@ class IdleHistory:
         self._entered = 0
         self._pool: tuple[str, ...] = ()           # the last update's pool
         # per node, in arrays at the slot it got when first seen, so a new pool's values are one
-        # gather (numpy) away: its open stretch's beginning (NaN: none), Σ recent and len(recent)
-        # (set as a stretch of it closes)
+        # gather (numpy) away: its open stretch's beginning (NaN: none), the log lengths of its
+        # newest NODE_MEMORY closed stretches (oldest first, zeros before the first), their sum and
+        # how many there are (set as a stretch of it closes)
         self._slot: dict[str, int] = {}
         self._at = np.full(64, math.nan)
+        self._recent = np.zeros((64, NODE_MEMORY))
         self._sum = np.zeros(64)
         self._len = np.zeros(64)
         self._slots: tuple[tuple[str, ...], np.ndarray] | None = None
@@ -261,18 +265,61 @@ class IdleHistory:
     def _close_all(self, now_s: float, order: Sequence[str]) -> None:
         """Close the open stretches of ``order``'s nodes at ``now_s``, one after the other in that
         order: each adds the current weight to its length's grid interval and its weight and
-        weighted log length to the sums, then the weight grows by 1/decay (all rescaled once it
-        passes ``_RENORM``), in a loop over local values (the intervals found at once where many
-        close); then each node's newest stretches, and the slot arrays and the sorted beginnings
-        written once."""
-        since, seq, recent, slot = self.since, self._seq, self.recent, self._slot
-        begun = [since.pop(n) for n in order]
-        for n in order:
-            seq.pop(n, None)
-        lengths = [max(0.0, now_s - b) for b in begun]
-        logs = [math.log(max(1.0, x)) for x in lengths]
-        where = _indices(np.array(lengths)).tolist() if len(lengths) > _FEW else [_index(x) for x in lengths]
+        weighted log length to the sums, then the weight grows by 1/decay (:meth:`_count_closed`);
+        then each node's newest stretches, their sums, and the slot arrays and the sorted
+        beginnings, written once per update (C-level passes and numpy, no loop per node)."""
+        since, seq = self.since, self._seq
+        begun = list(map(since.pop, order))
+        deque(map(seq.pop, order, repeat(None)), maxlen=0)
+        if len(begun) > _FEW:
+            lengths = np.maximum(now_s - np.array(begun), 0.0)     # (now − b is +0.0, never −0.0, at b = now)
+            logs = list(map(math.log, np.maximum(lengths, 1.0).tolist()))
+            where = _indices(lengths).tolist()
+        else:
+            few = [max(0.0, now_s - b) for b in begun]
+            logs = [math.log(max(1.0, x)) for x in few]
+            where = [_index(x) for x in few]
+        self._count_closed(where, logs)
+        self.closed += len(order)
+        try:
+            slots = list(map(self._slot.__getitem__, order))
+        except KeyError:        # (a node put in ``since`` from outside: it has no slot yet)
+            slots = [self._slot_of(n) for n in order]
+        # the node's newest NODE_MEMORY log lengths, oldest first: shifted by one, the new one last;
+        # summed column by column, oldest first, as ``sum`` adds a node's list (the zeros before a
+        # node's first stretch add exactly nothing)
+        rows = self._recent[slots]
+        rows[:, :-1] = rows[:, 1:]
+        rows[:, -1] = logs
+        self._recent[slots] = rows
+        total = rows[:, 0].copy()
+        for k in range(1, NODE_MEMORY):
+            total += rows[:, k]
+        self._at[slots] = math.nan
+        self._sum[slots] = total
+        self._len[slots] = np.minimum(self._len[slots] + 1, NODE_MEMORY)
+        self._starts = _without(self._starts, begun)
+
+    def _count_closed(self, where: Sequence[int], logs: Sequence[float]) -> None:
+        """Stretches closing one after the other in grid intervals ``where`` with log lengths
+        ``logs``: the k-th adds the current weight ``w`` to its interval and to the log-weight sum,
+        ``w·log`` to the log sum, then ``w`` grows by 1/decay (all rescaled once it passes
+        ``_RENORM``).  Many at once go through numpy with the very operations of that loop, in its
+        order (``divide.accumulate`` and ``add.accumulate`` are sequential; ``add.at`` adds in index
+        order), so every sum is bitwise the loop's; one that would rescale runs the loop."""
         closed, w, log_sum, log_weight, decay = self._closed, self._weight, self._log_sum, self._log_weight, self.decay
+        m = len(where)
+        if m > _FEW:
+            weights = np.divide.accumulate(np.concatenate(((w,), np.full(m - 1, decay))))
+            after = float(weights[-1]) / decay
+            if after <= _RENORM:
+                counts = np.array(closed)
+                np.add.at(counts, where, weights)
+                self._closed = counts.tolist()
+                self._log_sum = float(np.add.accumulate(np.concatenate(((log_sum,), weights * np.array(logs))))[-1])
+                self._log_weight = float(np.add.accumulate(np.concatenate(((log_weight,), weights)))[-1])
+                self._weight = after
+                return
         for i, lg in zip(where, logs):
             closed[i] += w
             log_sum += w * lg
@@ -284,33 +331,17 @@ class IdleHistory:
                 log_weight /= w
                 w = 1.0
         self._closed, self._weight, self._log_sum, self._log_weight = closed, w, log_sum, log_weight
-        self.closed += len(order)
-        slots, sums, counts = [], [], []
-        for n, lg in zip(order, logs):
-            own = recent.get(n)
-            if own is None:
-                own = recent[n] = deque(maxlen=NODE_MEMORY)
-            own.append(lg)
-            sums.append(sum(own))
-            counts.append(len(own))
-            k = slot.get(n)
-            slots.append(self._slot_of(n) if k is None else k)     # (it may grow the arrays: written below)
-        self._at[slots] = math.nan
-        self._sum[slots] = sums
-        self._len[slots] = counts
-        self._starts = _without(self._starts, begun)
 
     def _open_all(self, now_s: float, new: Iterable[str]) -> None:
         """Open a stretch at ``now_s`` for each of ``new``'s nodes (in that order)."""
-        since, seq, slot, slots = self.since, self._seq, self._slot, []
-        entered = self._entered
-        for n in new:
-            since[n] = now_s
-            k = slot.get(n)
-            slots.append(self._slot_of(n) if k is None else k)        # (it may grow the arrays: written below)
-            seq[n] = entered
-            entered += 1
-        self._entered = entered
+        new = list(new)
+        self.since.update(zip(new, repeat(now_s)))
+        try:
+            slots = list(map(self._slot.__getitem__, new))
+        except KeyError:        # a node never seen: its slot is given here (it may grow the arrays)
+            slots = [self._slot_of(n) for n in new]
+        self._seq.update(zip(new, range(self._entered, self._entered + len(new))))
+        self._entered += len(new)
         self._at[slots] = now_s
         starts, added = self._starts, np.full(len(slots), now_s)
         if len(starts) and starts[-1] > now_s:     # a clock that went back: keep it sorted
@@ -428,7 +459,8 @@ class IdleHistory:
         present[codes] = True
         uniq = np.flatnonzero(present).tolist()
         inverse = (np.cumsum(present) - 1)[codes]
-        per_code = table.memoised_many([(c // (hi - lo + 1), c % (hi - lo + 1) + lo) for c in uniq])
+        width = hi - lo + 1
+        per_code = table.memoised_many([(c // width, c % width + lo) for c in uniq])
         if last is not None:
             # a stay of the same value as before is the same object: comparing this answer with
             # the last one (the cycle's memo) then stops at identity for the nodes that kept theirs
@@ -491,6 +523,7 @@ class IdleHistory:
             if k >= len(self._at):
                 grow = len(self._at)
                 self._at = np.concatenate((self._at, np.full(grow, math.nan)))
+                self._recent = np.concatenate((self._recent, np.zeros((grow, NODE_MEMORY))))
                 self._sum = np.concatenate((self._sum, np.zeros(grow)))
                 self._len = np.concatenate((self._len, np.zeros(grow)))
         return k
@@ -568,11 +601,17 @@ class IdleHistory:
 
     def _scale(self, name: str) -> int:
         """log_{GRID_RATIO} of the node's time scale ``f_i`` (0: a node like the others)."""
-        own = self.recent.get(name)
+        own = self.recent(name)
         if not own or self._log_weight <= 0:
             return 0
         typical = self._log_sum / self._log_weight
         return round((sum(own) - len(own) * typical) / (len(own) + NODE_PRIOR) / _LOG_RATIO)
+
+    def recent(self, name: str) -> list[float]:
+        """The log lengths of the node's newest ``NODE_MEMORY`` closed stretches, oldest first."""
+        k = self._slot.get(name)
+        count = int(self._len[k]) if k is not None else 0
+        return self._recent[k, NODE_MEMORY - count:].tolist() if count else []
 
     def node_scale(self, name: str) -> float:
         """The node's time scale ``f_i`` (1 for a node like the others)."""
@@ -643,9 +682,37 @@ class _StayTable:
         return Stay(min(1.0, max(0.0, usable / h)), leave)
 
     def memoised_many(self, pairs: Iterable[tuple[int, int]]) -> list[Stay]:
-        """:meth:`memoised` of each ``(i, scale)``."""
-        memoised = self.memoised
-        return [memoised(i, sc) for i, sc in pairs]
+        """:meth:`memoised` of each ``(i, scale)``: the same operations on the same values, with
+        :meth:`_read` inlined (a new table's stays are all computed here, a few dozen per call)."""
+        surv, memo = self.surv, self.memo
+        if surv is None:
+            memoised = self.memoised
+            return [memoised(i, sc) for i, sc in pairs]
+        cum, h, span = self.cum, self.h, _span
+        s_end, c_end = surv[-1], cum[-1]
+        out = []
+        for key in pairs:
+            hit = memo.get(key)
+            if hit is None:
+                f, (j, u, w, d), (k, u2, w2, d2) = span(key[0], key[1], h)
+                if j < 0:
+                    sa, ia = s_end, c_end + s_end * d
+                else:
+                    sa = surv[j] * u + surv[j + 1] * w
+                    ia = cum[j] + (surv[j] + sa) / 2.0 * d
+                if sa <= 0.0:         # older than anything that ended: nothing says it will end
+                    hit = Stay(h / h, 0.0)
+                else:
+                    if k < 0:
+                        s_h, i_h = s_end, c_end + s_end * d2
+                    else:
+                        s_h = surv[k] * u2 + surv[k + 1] * w2
+                        i_h = cum[k] + (surv[k] + s_h) / 2.0 * d2
+                    usable = f * (i_h - ia) / sa
+                    hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
+                memo[key] = hit
+            out.append(hit)
+        return out
 
     def memoised(self, i: int, scale: int) -> Stay:
         """The stay shared by ages in grid interval ``i`` (in the node's time) at ``scale``:
