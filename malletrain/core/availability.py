@@ -682,34 +682,35 @@ class _StayTable:
         return Stay(min(1.0, max(0.0, usable / h)), leave)
 
     def memoised_many(self, pairs: Iterable[tuple[int, int]]) -> list[Stay]:
-        """:meth:`memoised` of each ``(i, scale)``: the same operations on the same values, with
-        :meth:`_read` inlined (a new table's stays are all computed here, a few dozen per call)."""
-        surv, memo = self.surv, self.memo
-        if surv is None:
-            memoised = self.memoised
-            return [memoised(i, sc) for i, sc in pairs]
-        cum, h, span = self.cum, self.h, _span
-        s_end, c_end = surv[-1], cum[-1]
+        """:meth:`memoised` of each ``(i, scale)`` (a new table's stays are all computed here, a
+        few dozen per call: :meth:`_read` inlined, the same operations on the same values)."""
+        surv, memo, h, span = self.surv, self.memo, self.h, _span
+        cum = self.cum
+        s_end, c_end = (surv[-1], cum[-1]) if surv is not None else (1.0, 0.0)
         out = []
         for key in pairs:
             hit = memo.get(key)
             if hit is None:
-                f, (j, u, w, d), (k, u2, w2, d2) = span(key[0], key[1], h)
-                if j < 0:
-                    sa, ia = s_end, c_end + s_end * d
+                if surv is None:
+                    f = GRID_RATIO ** key[1]
+                    hit = self._conditional(GRID[key[0]] * f, None, f)
                 else:
-                    sa = surv[j] * u + surv[j + 1] * w
-                    ia = cum[j] + (surv[j] + sa) / 2.0 * d
-                if sa <= 0.0:         # older than anything that ended: nothing says it will end
-                    hit = Stay(h / h, 0.0)
-                else:
-                    if k < 0:
-                        s_h, i_h = s_end, c_end + s_end * d2
+                    f, (j, u, w, d), (k, u2, w2, d2) = span(key[0], key[1], h)
+                    if j < 0:
+                        sa, ia = s_end, c_end + s_end * d
                     else:
-                        s_h = surv[k] * u2 + surv[k + 1] * w2
-                        i_h = cum[k] + (surv[k] + s_h) / 2.0 * d2
-                    usable = f * (i_h - ia) / sa
-                    hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
+                        sa = surv[j] * u + surv[j + 1] * w
+                        ia = cum[j] + (surv[j] + sa) / 2.0 * d
+                    if sa <= 0.0:         # older than anything that ended: nothing says it will end
+                        hit = Stay(h / h, 0.0)
+                    else:
+                        if k < 0:
+                            s_h, i_h = s_end, c_end + s_end * d2
+                        else:
+                            s_h = surv[k] * u2 + surv[k + 1] * w2
+                            i_h = cum[k] + (surv[k] + s_h) / 2.0 * d2
+                        usable = f * (i_h - ia) / sa
+                        hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
                 memo[key] = hit
             out.append(hit)
         return out
@@ -719,23 +720,7 @@ class _StayTable:
         :meth:`_conditional` of age ``GRID[i]·f`` without a window, with the grid reads of
         :func:`_span` (the same operations on the same values, so bitwise the same Stay)."""
         hit = self.memo.get((i, scale))
-        if hit is not None:
-            return hit
-        h = self.h
-        if self.surv is None:
-            f = GRID_RATIO ** scale
-            hit = self._conditional(GRID[i] * f, None, f)
-        else:
-            f, at_age, at_end = _span(i, scale, h)
-            sa, ia = self._read(at_age)
-            if sa <= 0.0:         # older than anything that ended: nothing says it will end
-                hit = Stay(h / h, 0.0)
-            else:
-                s_h, i_h = self._read(at_end)
-                usable = f * (i_h - ia) / sa
-                hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
-        self.memo[(i, scale)] = hit
-        return hit
+        return hit if hit is not None else self.memoised_many(((i, scale),))[0]
 
     def stay(self, age_s: float, window_s: float | None, scale: int = 0) -> Stay:
         """``scale``: the node's time scale as a power of GRID_RATIO."""
