@@ -683,10 +683,8 @@ class _StayTable:
 
     def memoised_many(self, pairs: Iterable[tuple[int, int]]) -> list[Stay]:
         """:meth:`memoised` of each ``(i, scale)`` (a new table's stays are all computed here, a
-        few dozen per call: :meth:`_read` inlined, the same operations on the same values)."""
-        surv, memo, h, span = self.surv, self.memo, self.h, _span
-        cum = self.cum
-        s_end, c_end = (surv[-1], cum[-1]) if surv is not None else (1.0, 0.0)
+        few dozen per call)."""
+        surv, memo, h, span, read = self.surv, self.memo, self.h, _span, self._read
         out = []
         for key in pairs:
             hit = memo.get(key)
@@ -695,20 +693,12 @@ class _StayTable:
                     f = GRID_RATIO ** key[1]
                     hit = self._conditional(GRID[key[0]] * f, None, f)
                 else:
-                    f, (j, u, w, d), (k, u2, w2, d2) = span(key[0], key[1], h)
-                    if j < 0:
-                        sa, ia = s_end, c_end + s_end * d
-                    else:
-                        sa = surv[j] * u + surv[j + 1] * w
-                        ia = cum[j] + (surv[j] + sa) / 2.0 * d
+                    f, at_age, at_end = span(key[0], key[1], h)
+                    sa, ia = read(at_age)
                     if sa <= 0.0:         # older than anything that ended: nothing says it will end
                         hit = Stay(h / h, 0.0)
                     else:
-                        if k < 0:
-                            s_h, i_h = s_end, c_end + s_end * d2
-                        else:
-                            s_h = surv[k] * u2 + surv[k + 1] * w2
-                            i_h = cum[k] + (surv[k] + s_h) / 2.0 * d2
+                        s_h, i_h = read(at_end)
                         usable = f * (i_h - ia) / sa
                         hit = Stay(min(1.0, max(0.0, usable / h)), max(0.0, min(1.0, max(0.0, 1.0 - s_h / sa))))
                 memo[key] = hit
