@@ -230,6 +230,7 @@ class IdleHistory:
         self._censored: _Censored | None = None
         self._table: tuple[list[float] | None, float, _StayTable] | None = None
         self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
+        self._factors: tuple[np.ndarray, int, int, np.ndarray] | None = None
         self._since: tuple[int, tuple[str, ...], np.ndarray, np.ndarray | None] | None = None
         self._last: _Stays | None = None
         self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
@@ -434,16 +435,12 @@ class IdleHistory:
                     window = max(0.0, end - now_s)
                     out[name] = table.stay(max(0.0, now_s - self.since.get(name, now_s)), window, 0)
             return out
-        n = len(names)
         since, unknown = self._since_of(names)
         ages = now_s - since
         np.maximum(ages, 0.0, out=ages)
         if unknown is not None:
             ages[unknown] = 0.0             # no open stretch: age 0 (as now - now)
-        scales = self._node_scales(names)
-        lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
-        ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
-        f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
+        scales, lo, hi, f = self._node_factors(names)
         idx = _indices(ages / f)
         codes = idx * (hi - lo + 1) + (scales - lo)
         until = self._codes_until(idx, since, f, unknown) if not timed else -math.inf
@@ -580,6 +577,20 @@ class IdleHistory:
         table = _StayTable(surv, horizon_s)
         self._table = (surv, horizon_s, table)
         return table
+
+    def _node_factors(self, names: tuple[str, ...]) -> tuple[np.ndarray, int, int, np.ndarray]:
+        """:meth:`_node_scales`, their range and each node's ``f = GRID_RATIO**scale``, kept with the
+        scales (a pool whose ages moved, with no stretch opened or closed, reads them again)."""
+        scales = self._node_scales(names)
+        hit = self._factors
+        if hit is not None and hit[0] is scales:
+            return hit
+        n = len(scales)
+        lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
+        ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
+        f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
+        self._factors = (scales, lo, hi, f)
+        return self._factors
 
     def _node_scales(self, names: tuple[str, ...]) -> np.ndarray:
         """:meth:`_scale` of every node, vectorised (the same float operations, rounded half to

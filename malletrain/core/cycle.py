@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.curves import CurveSource
-from malletrain.core.decide import decide, protected, starving
+from malletrain.core.decide import decide, pool_index, protected, starving
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
@@ -72,7 +72,7 @@ def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
     Every assigned node is in the harvestable pool and assigned once; no job
     exceeds ``max_nodes`` or runs below ``min_nodes``.
     """
-    pool = {n.name for n in snapshot.nodes}
+    pool = pool_index(snapshot.nodes)[0]      # (kept per pool tuple: decide read the same one)
     specs = {j.job_id: j.spec for j in snapshot.jobs}
     seen: set[str] = set()
     for job_id, nodes in plan.allocations.items():

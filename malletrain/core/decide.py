@@ -82,10 +82,11 @@ def _capacity(nodes: Sequence[Node]) -> Counter:
 _POOL: list = [None, None, None]   # the last pool looked at (held, so its identity is not reused)
 
 
-def _pool_of(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
+def pool_index(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
     """The pool by name and its node count per type, kept for the same ``nodes`` object (a
     backend hands the same tuple while its pool is unchanged; a cycle without a change of the
-    pool then pays no pass over it).  Both are read, never changed: callers copy the counter."""
+    pool then pays no pass over it; :func:`malletrain.core.cycle.reconcile` checks the plan against
+    the same index).  Both are read, never changed: callers copy the counter."""
     if _POOL[0] is not nodes or type(nodes) is not tuple:     # a list could change under the same identity
         _POOL[:] = [nodes, {n.name: n for n in nodes}, _capacity(nodes)]
     return _POOL[1], _POOL[2]
@@ -122,7 +123,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     now = snapshot.now_s
     if config.policy not in FORECAST_POLICIES:
         outlook = NO_OUTLOOK
-    pool, types = _pool_of(snapshot.nodes)
+    pool, types = pool_index(snapshot.nodes)
     cap = types.copy()
     targets: dict[str, tuple[str | None, int]] = {}
     reasons: dict[str, Reason] = {}
