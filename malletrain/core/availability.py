@@ -229,8 +229,7 @@ class IdleHistory:
         self._slots: tuple[tuple[str, ...], np.ndarray] | None = None
         self._censored: _Censored | None = None
         self._table: tuple[list[float] | None, float, _StayTable] | None = None
-        self._scales: tuple[int, tuple[str, ...], np.ndarray] | None = None
-        self._factors: tuple[np.ndarray, int, int, np.ndarray] | None = None
+        self._scales: tuple[int, tuple[str, ...], tuple[np.ndarray, int, int, np.ndarray]] | None = None
         self._since: tuple[int, tuple[str, ...], np.ndarray, np.ndarray | None] | None = None
         self._last: _Stays | None = None
         self._names: tuple[Sequence[Node], tuple[str, ...]] | None = None
@@ -440,7 +439,7 @@ class IdleHistory:
         np.maximum(ages, 0.0, out=ages)
         if unknown is not None:
             ages[unknown] = 0.0             # no open stretch: age 0 (as now - now)
-        scales, lo, hi, f = self._node_factors(names)
+        scales, lo, hi, f = self._node_scales(names)
         idx = _indices(ages / f)
         codes = idx * (hi - lo + 1) + (scales - lo)
         until = self._codes_until(idx, since, f, unknown) if not timed else -math.inf
@@ -578,23 +577,10 @@ class IdleHistory:
         self._table = (surv, horizon_s, table)
         return table
 
-    def _node_factors(self, names: tuple[str, ...]) -> tuple[np.ndarray, int, int, np.ndarray]:
-        """:meth:`_node_scales`, their range and each node's ``f = GRID_RATIO**scale``, kept with the
-        scales (a pool whose ages moved, with no stretch opened or closed, reads them again)."""
-        scales = self._node_scales(names)
-        hit = self._factors
-        if hit is not None and hit[0] is scales:
-            return hit
-        n = len(scales)
-        lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
-        ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
-        f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
-        self._factors = (scales, lo, hi, f)
-        return self._factors
-
-    def _node_scales(self, names: tuple[str, ...]) -> np.ndarray:
+    def _node_scales(self, names: tuple[str, ...]) -> tuple[np.ndarray, int, int, np.ndarray]:
         """:meth:`_scale` of every node, vectorised (the same float operations, rounded half to
-        even as ``round`` does); kept while no stretch closed and the pool is the same."""
+        even as ``round`` does), their range and each node's ``f = GRID_RATIO**scale``; kept while
+        no stretch closed and the pool is the same."""
         hit = self._scales
         if hit is not None and hit[0] == self.version and _same(hit[1], names):
             return hit[2]
@@ -607,8 +593,11 @@ class IdleHistory:
             total, count = self._sum[slots], self._len[slots]        # (0 for a node with no closed stretch)
             raw = np.rint((total - count * typical) / (count + NODE_PRIOR) / _LOG_RATIO)
             scales = np.where(count > 0, raw, 0.0).astype(np.int64)
-        self._scales = (self.version, names, scales)
-        return scales
+        lo, hi = (int(scales.min()), int(scales.max())) if n else (0, 0)
+        ratio = {s: GRID_RATIO ** s for s in range(lo, hi + 1)}
+        f = np.array([ratio[s] for s in range(lo, hi + 1)])[scales - lo] if n else np.zeros(0)
+        self._scales = (self.version, names, (scales, lo, hi, f))
+        return self._scales[2]
 
     def _scale(self, name: str) -> int:
         """log_{GRID_RATIO} of the node's time scale ``f_i`` (0: a node like the others)."""
