@@ -252,6 +252,19 @@ def finished(p, timeout=300):
     return p.returncode, out, err
 
 
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def plain_run_ended(rc: int, err: str) -> bool:
+    """Whether a finished run of an unadapted ``train_plain.py`` ended as such a script does:
+    exit 0, or the gloo abort at interpreter exit that every adapter's exit hook prevents (a rank
+    aborts after its script's last line, torchrun fails the run: 134; README, "A clean exit";
+    ``devtools.gloo_exit`` counts it: about 1 plain run in 18).  The negative controls compare
+    what such a run saved, so the saved file is what they check next; an abort before the save
+    fails them there."""
+    return rc == 0 or (rc == 134 and GLOO_EXIT_ABORT in err)
+
+
 def kill_tree(p) -> None:
     """SIGKILL ``p`` and every process below it (torchrun's workers run in sessions of their
     own, so a process group is not enough), then reap ``p``."""
