@@ -424,3 +424,35 @@ def test_a_purged_job_does_not_stop_the_cycle(tmp_path):
         assert len(reads) == 1          # read once as gone, then forgotten (not re-read every cycle)
     finally:
         d.store.close()
+
+
+def test_a_full_collection_between_cycles_runs_only_when_python_is_about_to_want_one():
+    """``collect_if_due`` (the daemon calls it while it waits for its next cycle): no full pass
+    while the collector's count of young passes is low, one once it reaches its threshold less
+    one (the count then starts again), none with the collector disabled.  Automatic collections
+    are held off meanwhile (huge young thresholds), so the counts move only as the test says."""
+    import gc
+
+    from malletrain.daemon.loop import collect_if_due
+    saved, was = gc.get_threshold(), gc.isenabled()
+    try:
+        gc.enable()
+        gc.set_threshold(10**9, 10**9, 4)
+        gc.collect()
+        assert gc.get_count()[2] == 0 and not collect_if_due()
+        gc.collect(1)
+        gc.collect(1)                   # a young pass of generation 1 counts once in generation 2's count
+        assert gc.get_count()[2] == 2 and not collect_if_due()
+        gc.collect(1)
+        assert gc.get_count()[2] == 3
+        assert collect_if_due() and gc.get_count()[2] == 0
+        for _ in range(3):
+            gc.collect(1)
+        gc.disable()
+        assert not collect_if_due() and gc.get_count()[2] == 3
+    finally:
+        gc.set_threshold(*saved)
+        if was:
+            gc.enable()
+        else:
+            gc.disable()

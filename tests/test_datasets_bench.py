@@ -102,6 +102,9 @@ def test_bench_allocator_and_compare_print_figures(capsys):
     assert main(["bench", "allocator", "--nodes", "200", "--jobs", "8", "--repeat", "3", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["decision_ms_p95"] >= res["decision_ms_p50"] > 0 and res["objective"] > 0
+    assert res["idle_collect"] is True          # as the daemon runs: a full collection between decisions, when due
+    assert main(["bench", "allocator", "--nodes", "200", "--jobs", "8", "--repeat", "3", "--no-idle-collect"]) == 0
+    assert "no garbage collection between them" in capsys.readouterr().out
     assert main(["bench", "compare", "--sizes", "3x12", "--repeat", "1", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["rows"][0]
     assert row["bftrainer_status"] == "optimal"

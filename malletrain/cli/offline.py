@@ -148,6 +148,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ba.add_argument("--no-forecasts", dest="forecasts", action="store_false",
                     help="decide without predicted node stays and learned pauses (the objective "
                          "before issue #12)")
+    ba.add_argument("--no-idle-collect", dest="idle_collect", action="store_false",
+                    help="no full garbage collection between decisions (the daemon runs one while it "
+                         "waits, when one is due): decisions then also pay Python's own")
     ba.add_argument("--seed", type=int, default=0)
     ba.add_argument("--json", action="store_true", help="print JSON only")
     bc = bsub.add_parser("compare", help="BFTrainer per-node MILP (CBC) vs. count-based allocator")
@@ -269,7 +272,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench_allocator(args: argparse.Namespace) -> int:
     from malletrain.bench.allocator import bench_allocator
-    bench_allocator(args.nodes, args.jobs, args.repeat, args.seed, forecasts=args.forecasts).emit(args.json)
+    bench_allocator(args.nodes, args.jobs, args.repeat, args.seed, forecasts=args.forecasts,
+                    idle_collect=args.idle_collect).emit(args.json)
     return 0
 
 
