@@ -14,7 +14,7 @@ issue #23 is missed:
 * the 15-day 4,734-node synthetic replay <= 30 s with forecasts;
 * allocator (4,734 nodes x 100 jobs) decision p95 <= 25 ms with forecasts and <= 1.5x without,
   timed as the daemon runs (a full garbage collection between decisions when one is due,
-  :func:`malletrain.daemon.loop.collect_if_due`); the line also gives the figures without it.
+  :func:`malletrain.daemon.collect.collect_if_due`); the line also gives the figures without it.
 
 Traces: ``synthetic`` (4,734 nodes x 15 days, ~850,000 node events: Summit-scale, the
 seeded generator of ``bench replay``), ``theta`` (the ALCF Theta 2022 log, a year, 5,084

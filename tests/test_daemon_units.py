@@ -433,7 +433,7 @@ def test_a_full_collection_between_cycles_runs_only_when_python_is_about_to_want
     are held off meanwhile (huge young thresholds), so the counts move only as the test says."""
     import gc
 
-    from malletrain.daemon.loop import collect_if_due
+    from malletrain.daemon.collect import collect_if_due
     saved, was = gc.get_threshold(), gc.isenabled()
     try:
         gc.enable()

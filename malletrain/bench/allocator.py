@@ -16,7 +16,7 @@ import numpy as np
 from malletrain.bench import Report
 from malletrain.core.decide import decide, size_grid
 from malletrain.core.stays import StayMap
-from malletrain.daemon.loop import collect_if_due
+from malletrain.daemon.collect import collect_if_due
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import InputError
 from malletrain.domain.model import (
@@ -77,7 +77,7 @@ def bench_allocator(nodes: int = 4734, jobs: int = 100, repeat: int = 20, seed: 
     """``forecasts``: decide with an :class:`Outlook` (predicted stays of every node, learned
     pauses of every job), as the malletrain policy does once it has data.  ``idle_collect``:
     between two decisions (untimed) a full garbage collection runs when it is due, as the daemon
-    runs one while it waits for its next cycle (:func:`malletrain.daemon.loop.collect_if_due`);
+    runs one while it waits for its next cycle (:func:`malletrain.daemon.collect.collect_if_due`);
     without it, about one decision in thirty also pays Python's own full pass over the process's
     objects (about 10 ms here)."""
     pool, states, curves = allocator_instance(nodes, jobs, seed)

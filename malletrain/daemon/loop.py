@@ -14,12 +14,11 @@ never acts without its write-ahead record), keeps observing and deciding,
 says why in its log, ``status.json`` and ``malletrain_state_writable``, and
 resumes by itself once a write succeeds again.
 Between cycles, while it waits, the loop runs Python's full garbage collection when the
-collector is about to want one (:func:`collect_if_due`), so that the pass does not land inside
-a decision.
+collector is about to want one (:func:`~malletrain.daemon.collect.collect_if_due`), so that
+the pass does not land inside a decision.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from malletrain.core.backend import Backend, Observation
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, CycleResult, run_cycle
 from malletrain.core.forecast import ForecastSource
+from malletrain.daemon.collect import collect_if_due
 from malletrain.daemon.files import PathWorkers
 from malletrain.daemon.outcomes import Ledger
 from malletrain.daemon.progress import ProgressSource, ProgressTail
@@ -101,22 +101,6 @@ class _Journal:
             return
         self.store.add_actions(self.clock(), self.cycle, changes)
         self.backend.apply(actions)
-
-
-def collect_if_due() -> bool:
-    """Run Python's full garbage collection now when the collector is about to consider one
-    itself: its count of young-generation passes since the last full one has reached its threshold
-    less one, so the next young pass or the one after may start a full one.  Called while a daemon
-    waits for its next cycle, so the full pass (a walk over every object the process holds: about
-    10 ms in the allocator benchmark's process, more with a large queue in memory) comes between
-    decisions, not inside one.  It may run more often than Python's own, which also waits until
-    the objects that survived young passes since the last full one are a quarter of the older
-    ones (in the allocator benchmark both ran once in 30 decisions).  Returns whether it ran
-    (never with the collector disabled)."""
-    if gc.isenabled() and gc.get_count()[2] >= gc.get_threshold()[2] - 1:
-        gc.collect()
-        return True
-    return False
 
 
 class Daemon:
