@@ -226,6 +226,37 @@ def test_probes_go_round_robin_over_owners_and_at_most_probes_per_owner():
     assert {a.job_id for a in p.actions if a.code.value == "probe"} == {"m0", "a", "m1"}
 
 
+def test_one_owners_probes_together_stay_within_its_fair_part_when_another_owner_wants_nodes():
+    # the hostile live test's shape: Alice's two measured jobs, Mallory's many that want a probe
+    # at 2 of 4 nodes; each of Mallory's probes falls back to 2 (her per-job share reaches no
+    # wanted count), and two of them would take all 4 nodes against her part of 2
+    fit = Curve({n: CurvePoint(10.0 * n, 9.0 * n, 11.0 * n) for n in range(1, 5)}, probe=2,
+                source="partial-fit", probes=(2, 4), measured=(1,))
+    alice = [_owned("a1", "alice", held=["n0", "n1"]), _owned("a2", "alice", held=["n2", "n3"])]
+    mallory = [_owned(f"m{i}", "mallory") for i in range(6)]
+    curves = {**{j.job_id: curve(LINEAR, range(1, 5)) for j in alice}, **{j.job_id: fit for j in mallory}}
+    p = decide(snap(4, alice + mallory), curves, CoreConfig(probes_per_owner=2))
+    probed = [a.job_id for a in p.actions if a.code.value == "probe"]
+    assert probed == ["m0"] and len(p.allocations["m0"]) == 2
+    assert sum(len(p.allocations.get(j.job_id, ())) for j in alice) == 2
+    # a probe still measuring counts: its owner's next probe waits while Alice wants the nodes
+    mallory[0] = _owned("m0", "mallory", held=["n0", "n1"], changed=990.0)
+    alice = [_owned("a1", "alice", held=["n2"]), _owned("a2", "alice", held=["n3"])]
+    p = decide(snap(4, alice + mallory), curves, CoreConfig(probes_per_owner=2))
+    assert [a.job_id for a in p.actions if a.code.value in ("probe", "measuring")] == ["m0"]
+    assert sum(len(p.allocations.get(j.job_id, ())) for j in alice) == 2
+    # with no job of Alice's left wanting nodes, Mallory's second probe takes the free ones
+    p = decide(snap(4, mallory), {j.job_id: fit for j in mallory}, CoreConfig(probes_per_owner=2))
+    assert [(a.job_id, a.code.value) for a in p.actions if a.code.value in ("probe", "measuring")] == [
+        ("m0", "measuring"), ("m1", "probe")]
+    # an owner's first probe may take the smallest wanted count past its part (here 4/3)
+    bob = [_owned("b", "bob")]
+    curves |= {"b": curve(LINEAR, range(1, 5))}
+    p = decide(snap(4, [_owned(j.job_id, "alice") for j in alice] + bob + mallory[1:]), curves,
+               CoreConfig(probes_per_owner=2))
+    assert [len(p.allocations.get(a.job_id, ())) for a in p.actions if a.code.value == "probe"] == [2]
+
+
 def test_jobs_without_an_owner_are_each_their_own_party():
     jobs = [js(f"j{i}", hi=4) for i in range(5)]
     curves = {j.job_id: Curve({}, 1, "no-data") for j in jobs}

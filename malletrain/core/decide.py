@@ -8,8 +8,10 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
 2. *Probes* (malletrain policy): a job whose curve asks for a probe gets that
    count first while capacity lasts — the JPA needs ≤3 measured counts —
    round-robin over owners (FIFO within one), at most ``probes_per_owner`` of
-   one owner's jobs at once.  (A probe that yields nothing is withdrawn by the
-   curve source after ``probe_timeout_s``, see :mod:`malletrain.core.curves`.)
+   one owner's jobs at once, and an owner's probes together (those measuring
+   included) within its max-min fair part of the nodes once it probes at all.
+   (A probe that yields nothing is withdrawn by the curve source after
+   ``probe_timeout_s``, see :mod:`malletrain.core.curves`.)
 3. *Starving* jobs (``starvation_s`` > 0): an admitted job that has waited
    ``starvation_s`` without nodes gets ``min_nodes`` before the others are
    sized (longest wait first, while capacity lasts), and a job whose size
@@ -159,38 +161,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     free_jobs = [j for j in jobs if j.job_id not in targets]
 
     if config.policy == "malletrain":
-        probing = at_probe          # every pinned job holds nodes: those at a wanted count, per owner
-        granted: set[str] = set()
-        held: Counter = Counter()
-        for j in jobs:
-            held[_owner(j)] += j.size
-        shares = _fair_shares(free_jobs, dict(cap))
-        for j in _round_robin(free_jobs, held):
-            c = curves.get(j.job_id)
-            if c is None or c.probe is None:
-                continue
-            t = j.node_type or _best_type(cap)
-            p = _probe_size(c, shares(t)[j.job_id]) if t is not None else c.probe
-            if p is None:
-                continue
-            if limit and probing[_owner(j)] >= limit:
-                if not c.points:
-                    targets[j.job_id] = (None, 0)
-                    reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: its owner has {limit} jobs probing "
-                                                                f"already (probes_per_owner)")
-                    granted.add(j.job_id)
-            elif t is not None and cap[t] >= p:
-                targets[j.job_id] = (t, p)
-                cap[t] -= p
-                probing[_owner(j)] += 1
-                reasons[j.job_id] = (ReasonCode.PROBE, f"probe at {p} nodes: the JPA has no "
-                                                       f"measurement there yet ({c.source})")
-                granted.add(j.job_id)
-            elif not c.points:
-                targets[j.job_id] = (None, 0)
-                reasons[j.job_id] = (ReasonCode.PROBE_WAIT, f"wait: probe needs {p} nodes, "
-                                                            f"{max(cap.values(), default=0)} free")
-                granted.add(j.job_id)
+        granted = _grant_probes(jobs, free_jobs, curves, cap, at_probe, limit, targets, reasons)
         free_jobs = [j for j in free_jobs if j.job_id not in granted]
 
     if config.starvation_s > 0 and config.policy != "static":
@@ -236,6 +207,101 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
 
 
+def _grant_probes(jobs: Sequence[JobState], free_jobs: Sequence[JobState], curves: Mapping[str, Curve],
+                  cap: Counter, probing: Counter, limit: int, targets: dict[str, tuple[str | None, int]],
+                  reasons: dict[str, Reason]) -> set[str]:
+    """Step 2 of the module docstring: probes for the ``free_jobs`` whose curve asks for one,
+    written into ``targets``/``reasons`` and taken from ``cap``; returns the jobs it settled (a
+    probe or a wait).  ``probing`` counts, per owner, the pinned jobs at a wanted count.
+
+    An owner's probes together (the pinned ones at a wanted count included) stay within its
+    max-min fair part of the nodes (:func:`_owner_parts`) once it probes at all: its first probe
+    may take the smallest wanted count whatever its part, a further one past its part only nodes
+    that no other owner's unsettled job could use."""
+    granted: set[str] = set()
+    held: Counter = Counter()
+    for j in jobs:
+        held[_owner(j)] += j.size
+    shares = _fair_shares(free_jobs, dict(cap))
+    probed = [j for j in jobs if j.job_id in targets and j.size
+              and (c := curves.get(j.job_id)) is not None and j.size in c.wanted]
+    probe_nodes: Counter = Counter()
+    for j in probed:
+        probe_nodes[_owner(j), targets[j.job_id][0]] += j.size
+    parts = _owner_parts([*free_jobs, *probed], cap + Counter(
+        {t: n for (_, t), n in probe_nodes.items() if t is not None}))
+
+    def others_claim(o: str, t: str) -> int:
+        return sum(max(1, j.spec.max_nodes) for j in free_jobs if j.job_id not in granted
+                   and _owner(j) != o and j.node_type in (None, t))
+
+    def wait(j: JobState, c: Curve, why: str) -> None:
+        if not c.points:        # with points it is sized by the allocator on its partial fit
+            targets[j.job_id] = (None, 0)
+            reasons[j.job_id] = (ReasonCode.PROBE_WAIT, "wait: " + why)
+            granted.add(j.job_id)
+
+    def consider(j: JobState, c: Curve, past_parts: bool) -> bool:
+        """Settles ``j``'s probe; False where it is past its owner's part in the first pass."""
+        t = j.node_type or _best_type(cap)
+        p = _probe_size(c, shares(t)[j.job_id]) if t is not None else c.probe
+        if p is None:
+            return True
+        o = _owner(j)
+        over = probing[o] > 0 and t is not None and probe_nodes[o, t] + p > parts(t)[o] + 1e-9
+        if limit and probing[o] >= limit:
+            wait(j, c, f"its owner has {limit} jobs probing already (probes_per_owner)")
+        elif over and not past_parts:
+            return False
+        elif t is not None and over and cap[t] - others_claim(o, t) < p:
+            wait(j, c, f"its owner's probes hold {probe_nodes[o, t]} nodes of its fair part "
+                       f"{parts(t)[o]:g} already")
+        elif t is not None and cap[t] >= p:
+            targets[j.job_id] = (t, p)
+            cap[t] -= p
+            probing[o] += 1
+            probe_nodes[o, t] += p
+            reasons[j.job_id] = (ReasonCode.PROBE, f"probe at {p} nodes: the JPA has no "
+                                                   f"measurement there yet ({c.source})")
+            granted.add(j.job_id)
+        else:
+            wait(j, c, f"probe needs {p} nodes, {max(cap.values(), default=0)} free")
+        return True
+
+    asking = [(j, c) for j in _round_robin(free_jobs, held)
+              if (c := curves.get(j.job_id)) is not None and c.probe is not None]
+    deferred = [(j, c) for j, c in asking if not consider(j, c, past_parts=False)]
+    for j, c in deferred:
+        consider(j, c, past_parts=True)
+    return granted
+
+
+def _asked(jobs: Sequence[JobState]) -> dict[str, int]:
+    """What each owner asks for: the sum of its jobs' ``max_nodes``."""
+    asked: dict[str, int] = {}
+    for j in jobs:
+        asked[_owner(j)] = asked.get(_owner(j), 0) + max(1, j.spec.max_nodes)
+    return asked
+
+
+def _max_min(asked: Mapping[str, int], n: float) -> dict[str, float]:
+    """``n`` nodes split max-min fairly: owners asking least first get what they ask, up to an
+    equal part of what is left (water-filling)."""
+    left, given = n, {}
+    order = sorted(asked, key=lambda o: (asked[o], o))
+    for i, o in enumerate(order):
+        given[o] = min(float(asked[o]), left / (len(order) - i))
+        left -= given[o]
+    return given
+
+
+def _owner_parts(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[str], dict[str, float]]:
+    """Per node type, each owner's max-min fair part of ``cap`` among the owners of ``jobs``: the
+    most nodes that owner's probes may hold together once it probes at all."""
+    asked = _asked(jobs)
+    return functools.cache(lambda t: _max_min(asked, float(cap.get(t, 0))))
+
+
 def _fair_shares(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[str], dict[str, float]]:
     """Per node type, each job's share of the nodes a probe may take: the nodes split in
     proportion to ``max_nodes``, each owner's part capped at its max-min fair part (an owner asks
@@ -243,17 +309,11 @@ def _fair_shares(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[
     unless others ask for less).  One user's large ``max_nodes`` or many jobs cannot widen its
     probes beyond that part.  (Max-min alone, handing small jobs all they ask, measured 1.8%
     fewer useful samples on the Philly day: probes come before the allocator.)"""
-    asked: dict[str, int] = {}
-    for j in jobs:
-        asked[_owner(j)] = asked.get(_owner(j), 0) + max(1, j.spec.max_nodes)
+    asked = _asked(jobs)
 
     @functools.cache
     def per_type(t: str) -> dict[str, float]:
-        left, given = float(cap.get(t, 0)), {}     # owners asking least first: water-filling
-        order = sorted(asked, key=lambda o: (asked[o], o))
-        for i, o in enumerate(order):
-            given[o] = min(float(asked[o]), left / (len(order) - i))
-            left -= given[o]
+        given = _max_min(asked, float(cap.get(t, 0)))
         total = sum(asked.values())
         return {j.job_id: min(given[_owner(j)], float(cap.get(t, 0)) * asked[_owner(j)] / total)
                 * max(1, j.spec.max_nodes) / asked[_owner(j)] for j in jobs}
