@@ -346,3 +346,24 @@ def test_owners_holding_fewer_nodes_probe_first_and_long_pauses_do_not_stretch_p
     src = CurveSource(CoreConfig(probe_timeout_s=100))
     s = Snapshot(250.0, (Node("n0"),), (_owned("m", "mallory", held=("n0",), changed=0.0, paused=10_000.0),))
     assert src.curves(s)["m"].probe is None
+
+
+def test_deciding_for_many_jobs_of_one_owner_grows_linearly():
+    # one user's thousands of jobs waiting for probes and sizes: the probe step and the reasons
+    # once scanned every job per job (1,000 -> 4,000 jobs took 10x); a ratio in one run, best of 3
+    import time
+    fit = Curve({n: CurvePoint(10.0 * n, 9.0 * n, 11.0 * n) for n in range(1, 5)}, probe=2,
+                source="partial-fit", probes=(2, 4), measured=(1,))
+
+    def best_of_3(n_jobs):
+        jobs = [_owned("a0", "alice"), _owned("a1", "alice")] + [_owned(f"m{i}", "mallory") for i in range(n_jobs)]
+        curves = {j.job_id: fit if j.job_id[0] == "m" else curve(LINEAR, range(1, 5)) for j in jobs}
+        s, times = snap(64, jobs), []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            decide(s, curves, CoreConfig(probes_per_owner=2))
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    small, large = best_of_3(500), best_of_3(2000)
+    assert large / small < 7, (small, large)

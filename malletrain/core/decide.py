@@ -179,7 +179,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             n = len(chosen.get(j.job_id, ()))
             reasons[j.job_id] = ((ReasonCode.SOLVER, "wait: BFTrainer's MILP gave it no nodes")
                                  if n == 0 and j.size == 0
-                                 else _reason(j, n, curves.get(j.job_id), config, Problem((), {}),
+                                 else _reason(j, n, curves.get(j.job_id), config, frozenset(),
                                               _cost(j, outlook)))
     else:
         equivalents: dict[str, tuple[Option, ...]] = {}
@@ -194,11 +194,12 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         sizes = dict(alloc.sizes)
         promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
                                 config, notes) if compared else {})
+        could_run = frozenset(ch.job_id for ch in problem.jobs if any(o.size for o in ch.options))
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
             targets[j.job_id] = (t, n)
             reasons[j.job_id] = (promoted.get(j.job_id)
-                                 or _reason(j, n, curves.get(j.job_id), config, problem, _cost(j, outlook)))
+                                 or _reason(j, n, curves.get(j.job_id), config, could_run, _cost(j, outlook)))
 
     exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
     alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
@@ -231,15 +232,28 @@ def _grant_probes(jobs: Sequence[JobState], free_jobs: Sequence[JobState], curve
     parts = _owner_parts([*free_jobs, *probed], cap + Counter(
         {t: n for (_, t), n in probe_nodes.items() if t is not None}))
 
+    # what the unsettled jobs could still take, per (owner, node type or None for any type)
+    claims: Counter = Counter()
+    for j in free_jobs:
+        claims[_owner(j), j.node_type] += max(1, j.spec.max_nodes)
+    claimed: Counter = Counter()
+    for (_, t), n in claims.items():
+        claimed[t] += n
+
     def others_claim(o: str, t: str) -> int:
-        return sum(max(1, j.spec.max_nodes) for j in free_jobs if j.job_id not in granted
-                   and _owner(j) != o and j.node_type in (None, t))
+        return claimed[None] + claimed[t] - claims[o, None] - claims[o, t]
+
+    def settle(j: JobState) -> None:
+        granted.add(j.job_id)
+        n = max(1, j.spec.max_nodes)
+        claims[_owner(j), j.node_type] -= n
+        claimed[j.node_type] -= n
 
     def wait(j: JobState, c: Curve, why: str) -> None:
         if not c.points:        # with points it is sized by the allocator on its partial fit
             targets[j.job_id] = (None, 0)
             reasons[j.job_id] = (ReasonCode.PROBE_WAIT, "wait: " + why)
-            granted.add(j.job_id)
+            settle(j)
 
     def consider(j: JobState, c: Curve, past_parts: bool) -> bool:
         """Settles ``j``'s probe; False where it is past its owner's part in the first pass."""
@@ -263,7 +277,7 @@ def _grant_probes(jobs: Sequence[JobState], free_jobs: Sequence[JobState], curve
             probe_nodes[o, t] += p
             reasons[j.job_id] = (ReasonCode.PROBE, f"probe at {p} nodes: the JPA has no "
                                                    f"measurement there yet ({c.source})")
-            granted.add(j.job_id)
+            settle(j)
         else:
             wait(j, c, f"probe needs {p} nodes, {max(cap.values(), default=0)} free")
         return True
@@ -658,15 +672,15 @@ def _no_rate(n: float) -> float:
     return 0.0
 
 
-def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, problem: Problem,
+def _reason(job: JobState, n: int, curve: Curve | None, cfg: CoreConfig, could_run: AbstractSet[str],
             cost: RescaleCost) -> Reason:
+    """Why ``job`` goes to ``n`` nodes; ``could_run``: the jobs the allocator had a size above 0 for."""
     c = job.size
     src = curve.source if curve is not None else "no curve"
     rate = curve.rate if curve is not None else _no_rate
     if n == c:
         if n == 0:
-            feasible = [o for ch in problem.jobs if ch.job_id == job.job_id for o in ch.options if o.size]
-            if not feasible:
+            if job.job_id not in could_run:
                 return ReasonCode.TOO_FEW_NODES, f"wait: fewer free nodes than min_nodes={job.spec.min_nodes}"
             return ReasonCode.OUTBID, "wait: the idle nodes are worth more to other jobs"
         return (ReasonCode.BEST_AS_IS,
