@@ -117,6 +117,50 @@ def test_without_the_adapter_the_hf_script_loses_its_work_and_its_batch(tmp_path
     assert not (tmp_path / "p3").exists()
 
 
+def test_the_done_record_waits_for_the_scripts_own_save_and_a_job_killed_during_it_saves_again(tmp_path):
+    """The script's ``trainer.save_model`` after ``train()`` is part of the work: the final
+    ``exit done`` is written when the process leaves cleanly.  Before, it was written at the
+    Trainer's train end, so a job killed while saving its model read as done (never requeued)
+    with no model, and a SIGTERM then killed the save outright."""
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf_save.py")
+
+    def run(name, mode, metrics):
+        env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, "MALLETRAIN_METRICS": metrics,
+               **({"MALLETRAIN_TEST_SAVE": mode} if mode else {})}
+        return finished(torchrun([fixture, os.path.join(DIR, "train_malleable.py"), "--epochs", "1",
+                                  "--out", str(tmp_path / name), "--out-dir", str(tmp_path / "run")], 1, env=env))
+
+    # SIGTERM as the script saves: the save goes on, the run is done (exit 0, not 3)
+    m_term = str(tmp_path / "term.jsonl")
+    rc, _, err = run("model-term", "term", m_term)
+    assert rc == 0, err[-3000:]
+    last = progress_records(m_term)[-1]
+    assert last["event"] == "exit" and last["reason"] == "done" and last["signal"] == "SIGTERM"
+    assert (tmp_path / "model-term" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / f"checkpoint-{STEPS}" / "malletrain-complete.json").is_file()    # the final one
+    shutil.rmtree(tmp_path / "run")
+    # the save fails: the exit record is not "done" (the daemon's recovery judges the failure)
+    metrics = str(tmp_path / "m.jsonl")
+    rc, _, err = run("model", "raise", metrics)
+    assert rc != 0 and "No space left on device" in err
+    last = progress_records(metrics)[-1]
+    assert last["event"] == "exit" and last["reason"] == "closed" and last["step"] == STEPS
+    # killed as it saves: no exit record at all, as for any kill; the next run resumes at the
+    # final checkpoint, trains nothing and saves the model of the SIGTERM'd run
+    n = len(progress_records(metrics))
+    rc, _, err = run("model", "kill", metrics)
+    assert rc == 128 + signal.SIGKILL, err[-3000:]
+    assert [r["event"] for r in progress_records(metrics)[n:]] == ["start"]
+    rc, _, err = run("model", None, metrics)
+    assert rc == 0, err[-3000:]
+    recs = progress_records(metrics)
+    assert [r["step"] for r in recs if r["event"] == "start"] == [0, STEPS, STEPS]
+    assert not [r for r in recs[n:] if r["event"] == "progress" and r["step"] < STEPS]
+    assert recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done"
+    assert not (tmp_path / "model-term").samefile(tmp_path / "model")
+    assert _diff(tmp_path / "model-term", tmp_path / "model") == 0.0
+
+
 def test_a_stop_at_an_epochs_end_evaluates_only_when_the_last_evaluation_fits_the_stops_time(tmp_path, caplog):
     """The stop's deadline is half the grace time (10 s -> 5 s); the evaluation asked before the
     save must take at most half of that (2.5 s), judged by the last one timed."""

@@ -18,6 +18,10 @@ in a few lines (README, "Bring your own Hugging Face script")::
   and every rank leaves with ``SystemExit(3)`` (the script's code after ``train()`` never runs
   as if the work were done), so that the batch script requeues the job.  A campaign's pruned
   trial exits 0 the same way; ``checkpoint_every_s`` asks for a save without a stop.
+* *Its training ends before the script does* (``trainer.save_model`` after ``train()``).  The
+  last epoch ends with a checkpoint, and the final ``exit`` record (``done``) is written when the
+  process leaves cleanly (:meth:`Malleable._exit_at_end`): a job stopped or killed while the
+  script saves its model is not read as done, and a requeued one resumes at the end.
 * *An epoch stopped at its last step is never evaluated* (``eval_strategy="epoch"``: the
   Trainer evaluates after the epoch's end, and the resumed run starts the next epoch).  On such a
   stop the adapter asks for the evaluation before the save, when it fits the stop's time
@@ -46,8 +50,10 @@ follows another (statistically equal) path after a change of world size.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -93,6 +99,8 @@ class Malleable(Contract, TrainerCallback):
         self._looked = False
         self._leaving: int | None = None
         self._save_asked: float | None = None
+        self._sealed_step: int | None = None
+        self._exit_pending = False
 
     # ---- what the script passes to the Trainer ---------------------------------------------
     def training_args(self, **kwargs: Any) -> TrainingArguments:
@@ -212,6 +220,7 @@ class Malleable(Contract, TrainerCallback):
         if self.rank == 0 and os.path.isdir(path):
             size = seal(path, state.global_step)
             self.saved(time.perf_counter() - t0, size)
+        self._sealed_step = state.global_step
         if dist.is_initialized():
             dist.barrier()
         if self._leaving is not None:
@@ -222,7 +231,32 @@ class Malleable(Contract, TrainerCallback):
         if self.metric and isinstance(metrics, dict) and isinstance(metrics.get(self.metric), (int, float)):
             self.report(float(metrics[self.metric]))
 
+    def on_epoch_end(self, args, state, control, **kwargs) -> None:
+        """The last epoch ended (its epochs, ``max_steps`` or the script's early stopping): a final
+        checkpoint, which the Trainer saves after the epoch's evaluation, so that a job stopped
+        while the script writes its results (``trainer.save_model``) resumes at the end instead of
+        at its last stop."""
+        ending = control.should_training_stop or (state.max_steps and state.global_step >= state.max_steps)
+        if ending and self._sealed_step != state.global_step:
+            control.should_save = True
+            self._save_asked = time.perf_counter()
+
     def on_train_end(self, args, state, control, **kwargs) -> None:
+        """The training is done; the ``exit`` record waits for the process to leave
+        (:meth:`_exit_at_end`): the script's lines after ``train()`` are part of the work."""
         self.finished = True
         self.global_step = state.global_step
+        if not self._exit_pending:
+            self._exit_pending = True
+            atexit.register(self._exit_at_end)
+
+    def _exit_at_end(self) -> None:
+        """The ``exit`` record of a run whose training ended, written at interpreter exit, after
+        the script's own last lines: ``done`` only when they raised nothing (an unhandled
+        exception leaves it ``closed``, and the job's failure to Slurm and the daemon's recovery).
+        Until then the stop handlers stay: a stop while the script saves its model only sets the
+        flag, the save goes on, and a job killed before it ends is requeued and resumes from the
+        final checkpoint (:meth:`on_epoch_end`) to save again."""
+        if getattr(sys, "last_value", None) is not None:
+            self.finished = False
         self.exit_record(log)
