@@ -18,6 +18,7 @@ from helpers import (
     param_diff,
     plain_run_ended,
     progress_records,
+    torchrun,
     wait_step,
     worker_pids,
 )
@@ -85,6 +86,44 @@ def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path
     last = [r["step"] for r in recs if r["event"] == "metric" and r["world"] == 1]
     assert last == list(range(5 * (stop["step"] // 5 + 1), 5 * epochs + 1, 5))   # one validation an epoch
     assert param_diff(tmp_path / "straight1.pt", tmp_path / "out.pt") < ROUNDING_BOUND
+
+
+def test_the_done_record_waits_for_the_scripts_own_save_after_close(tmp_path):
+    """The example saves its model after ``mt.close()``: that save is part of the work, and the
+    final ``exit done`` is written when the process leaves cleanly.  Before, ``close()`` wrote it
+    and gave up the stop handlers: a SIGTERM during the save killed the run, and the daemon,
+    reading ``done``, cancelled the requeued copy (no model)."""
+    fixture = os.path.join(ROOT, "tests", "fixtures", "script_save.py")
+    epochs, steps = 2, 10
+
+    def run(name, mode, metrics):
+        env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, "MALLETRAIN_METRICS": metrics,
+               **({"MALLETRAIN_TEST_SAVE": mode} if mode else {})}
+        return finished(torchrun([fixture, os.path.join(DIR, "train_malleable.py"), "--epochs", str(epochs),
+                                  "--out", str(tmp_path / f"{name}.pt"), "--ckpt", str(tmp_path / "ck")], 1, env=env))
+
+    m_term = str(tmp_path / "term.jsonl")
+    rc, _, err = run("model-term", "term", m_term)          # SIGTERM as it saves: the save goes on
+    assert rc == 0, err[-3000:]
+    last = progress_records(m_term)[-1]
+    assert last["event"] == "exit" and last["reason"] == "done" and last["signal"] == "SIGTERM", last
+    assert (tmp_path / "model-term.pt").is_file()
+    shutil.rmtree(tmp_path / "ck")
+    metrics = str(tmp_path / "m.jsonl")
+    rc, _, err = run("model", "raise", metrics)              # the save fails: not "done"
+    assert rc != 0 and "No space left on device" in err
+    last = progress_records(metrics)[-1]
+    assert last["event"] == "exit" and last["reason"] == "closed" and last["step"] == steps, last
+    n = len(progress_records(metrics))
+    rc, _, err = run("model", "kill", metrics)               # killed as it saves: no exit record
+    assert rc == 128 + signal.SIGKILL, err[-3000:]
+    assert "exit" not in [r["event"] for r in progress_records(metrics)[n:]]
+    rc, _, err = run("model", None, metrics)                 # resumed at the end: trains nothing, saves
+    assert rc == 0, err[-3000:]
+    recs = progress_records(metrics)[n:]
+    assert {r["step"] for r in recs} == {steps} and "progress" not in {r["event"] for r in recs}, recs
+    assert recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done"
+    assert param_diff(tmp_path / "model-term.pt", tmp_path / "model.pt") == 0.0
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ and kill -9 of a worker; the plain script it came from does not (negative contro
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 
@@ -119,6 +120,50 @@ def test_lightning_restored_at_epoch_ends_trains_every_epoch_once(tmp_path):
     assert [(step, world) for step, world, _ in reports] == [(10, 1), (20, 1), (30, 1)]
     assert sorted(straight) == [10, 20, 30]
     assert all(abs(value - straight[step]) < 1 / 397 for step, _, value in reports)
+
+
+def test_the_done_record_waits_for_the_scripts_own_save_and_a_job_killed_during_it_saves_again(tmp_path):
+    """The script's ``torch.save`` of its model after ``fit`` is part of the work: the final
+    ``exit done`` is written when the process leaves cleanly.  Before, it was written at the
+    fit's train end, with Lightning's handlers back: a SIGTERM during the save killed the run
+    and the daemon read the job as done (never requeued), with no model."""
+    fixture = os.path.join(ROOT, "tests", "fixtures", "script_save.py")
+    epochs, steps = 2, 10
+
+    def run(name, mode, metrics):
+        env = {"MALLETRAIN_GRACE_S": "10", "PYTHONPATH": ROOT, "MALLETRAIN_METRICS": metrics,
+               **({"MALLETRAIN_TEST_SAVE": mode} if mode else {})}
+        return finished(torchrun([fixture, os.path.join(DIR, "train_malleable.py"), "--epochs", str(epochs),
+                                  "--out", str(tmp_path / f"{name}.pt"), "--ckpt", str(tmp_path / "ck")], 1, env=env))
+
+    # SIGTERM as the script saves: the save goes on, the run is done (exit 0, not 3)
+    m_term = str(tmp_path / "term.jsonl")
+    rc, _, err = run("model-term", "term", m_term)
+    assert rc == 0, err[-3000:]
+    last = progress_records(m_term)[-1]
+    assert last["event"] == "exit" and last["reason"] == "done" and last["signal"] == "SIGTERM", last
+    assert (tmp_path / "model-term.pt").is_file()
+    shutil.rmtree(tmp_path / "ck")
+    # the save fails: the exit record is not "done" (the daemon's recovery judges the failure)
+    metrics = str(tmp_path / "m.jsonl")
+    rc, _, err = run("model", "raise", metrics)
+    assert rc != 0 and "No space left on device" in err
+    last = progress_records(metrics)[-1]
+    assert last["event"] == "exit" and last["reason"] == "closed" and last["step"] == steps, last
+    # killed as it saves: no exit record at all, as for any kill; the next run is restored at the
+    # end of its training, trains nothing (the last epoch's validation is run again: a re-report,
+    # harmless) and saves the model of the SIGTERM'd run
+    n = len(progress_records(metrics))
+    rc, _, err = run("model", "kill", metrics)
+    assert rc == 128 + signal.SIGKILL, err[-3000:]
+    assert "exit" not in [r["event"] for r in progress_records(metrics)[n:]]
+    rc, _, err = run("model", None, metrics)
+    assert rc == 0, err[-3000:]
+    recs = progress_records(metrics)[n:]
+    assert {r["event"] for r in recs} <= {"start", "metric", "exit"} and {r["step"] for r in recs} == {steps}, recs
+    assert [r["event"] for r in recs].count("exit") == 1
+    assert recs[-1]["event"] == "exit" and recs[-1]["reason"] == "done"
+    assert param_diff(tmp_path / "model-term.pt", tmp_path / "model.pt") == 0.0
 
 
 @pytest.mark.slow

@@ -232,3 +232,42 @@ def test_the_classic_submit_command_lists_the_queue_under_the_campaign_lock(tmp_
     assert main(["campaign", "submit", str(spec_path)]) == 0
     assert held == [True] and len(jobs) == 5
     assert main(["campaign", "submit", str(spec_path)]) == 0 and held == [True, True] and len(jobs) == 5
+
+
+def test_study_campaign_status_says_what_it_queued(tmp_path, monkeypatch, capsys):
+    """``campaign status`` reconciles as a trial's end does (a trial job gone from the queue
+    without a result is queued again); it now says so instead of submitting silently."""
+    pytest.importorskip("optuna")
+    import malletrain.cli.user as user
+    from malletrain.cli.main import main
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(f"""
+name: st
+command: [python3, train.py]
+dir: {tmp_path / 'camp'}
+sampler: random
+trials: 4
+max_concurrent: 2
+seed: 7
+metric: val_acc
+goal: max
+space:
+  lr: {{log_uniform: [0.001, 0.1]}}
+""")
+    jobs, queue = [], set()
+
+    def submitter(spec, cfg, metrics_dir):
+        def submit_one(name, command, token):
+            jobs.append(str(500 + len(jobs)))
+            queue.add(jobs[-1])
+            return jobs[-1]
+        return submit_one, (lambda tok: None), (lambda: set(queue))
+    monkeypatch.setattr(user, "_trial_submitter", submitter)
+    monkeypatch.setattr(user, "_job_states", lambda cfg: {})
+    assert main(["campaign", "submit", str(spec_path)]) == 0 and len(jobs) == 2
+    capsys.readouterr()
+    assert main(["campaign", "status", str(spec_path)]) == 0 and len(jobs) == 2
+    assert "queued now" not in capsys.readouterr().err          # nothing missing: nothing said
+    queue.discard(jobs[0])                                       # gone without a result
+    assert main(["campaign", "status", str(spec_path)]) == 0 and len(jobs) == 3
+    assert "1 trial job(s) the campaign was missing queued now" in capsys.readouterr().err

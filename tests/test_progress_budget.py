@@ -74,7 +74,7 @@ def test_an_ended_job_is_never_judged_from_a_file_that_was_not_read(shared_dir):
     assert src.tail.files[good].eof                 # seen to its end while it ran
     honest(good, t0=200.0, final_job="2")            # then its last records and the final one
     o = obs(ended={"1": JobFacts("p", "mallory", huge, uid=ME, state="FAILED"),
-                   "2": JobFacts("p", "alice", good, uid=ME, state="FAILED")})
+                   "2": JobFacts("p", "alice", good, uid=ME, state="COMPLETED")})
     for _ in range(3):
         src.poll(o)
         assert src.final.get("2", True) is True     # no verdict, or the right one
@@ -117,7 +117,7 @@ def test_an_ended_huge_file_has_its_own_cap_and_waits(shared_dir):
     tail = ProgressTail(roots=("/tmp",))
     src = ProgressSource(tail, max_bytes_per_cycle=64 * MiB)
     o = obs(ended={"1": JobFacts("p", "mallory", huge, uid=ME, state="FAILED"),
-                   "2": JobFacts("p", "alice", good, uid=ME, state="FAILED")})
+                   "2": JobFacts("p", "alice", good, uid=ME, state="COMPLETED")})
     src.poll(o)
     assert src.final == {"2": True}
     assert tail.files[huge].offset <= 16 * MiB

@@ -200,7 +200,7 @@ def test_an_ended_job_is_judged_only_once_its_file_is_read_to_the_end(shared_dir
     p = os.path.join(shared_dir, "7.jsonl")
     write(p, good_lines() + rec(150.0, 1.0) * 20000 + _final_line("7"))
     src = ProgressSource(ProgressTail(roots=("/tmp",), max_records=100_000), max_bytes_per_cycle=200_000)
-    ended = Observation(Snapshot(0.0, (), ()), (), {}, None, {"7": JobFacts("p", "u", p, uid=ME, state="FAILED")})
+    ended = Observation(Snapshot(0.0, (), ()), (), {}, None, {"7": JobFacts("p", "u", p, uid=ME, state="COMPLETED")})
     cycles = 0
     while "7" not in src.final:
         src.poll(ended)

@@ -204,6 +204,66 @@ def test_daemon_requeues_lost_work_with_the_same_id_then_holds_it_for_good(tmp_p
         d.store.close()
 
 
+def test_a_job_that_failed_after_its_done_record_runs_again_and_a_pruned_one_does_not(tmp_path, caplog):
+    """The exit status comes after the last record: a run that wrote 'done' and then exited
+    non-zero (the script's own lines after its training: ``sys.exit(1)``, a failed final save)
+    ended FAILED and is not finished; it is requeued with the reason.  'done' with COMPLETED, and
+    'pruned' (the campaign's verdict) whatever the state, stay final.  Before, any 'done' was
+    final whatever Slurm said, and such a job was left as finished."""
+    fake, metrics = _tagged(tmp_path, "7", "8", "9")
+    d, clock = _daemon(tmp_path, fake, max_failures=3)
+    try:
+        d.cycle_once()
+        fake.run_pending()
+        clock["t"] += 2
+        d.cycle_once()
+        for job, reason in (("7", "done"), ("8", "done"), ("9", "pruned")):
+            (metrics / f"{job}.jsonl").write_text(
+                f'{{"t": 1, "event": "start", "job": "{job}"}}\n'
+                f'{{"t": 2, "event": "exit", "reason": "{reason}", "job": "{job}"}}\n')
+        fake.end("7", "FAILED")
+        fake.end("8", "COMPLETED")
+        fake.end("9", "FAILED")
+        fake.calls.clear()
+        clock["t"] += 2
+        d.cycle_once()
+        writes = _writes(fake)
+        assert ("requeuehold", "7") in writes
+        assert ("requeuehold", "8") not in writes and ("requeuehold", "9") not in writes
+        assert d.progress.final == {"7": False, "8": True, "9": True} and d.progress.failed_after_done == {"7"}
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job ")]
+        assert len(said) == 1 and said[0].startswith("job 7: ended FAILED after its final 'done' record"), said
+        # the next run resumes, writes 'done' and exits 0: finished, nothing more
+        for _ in range(2):
+            clock["t"] += 2
+            d.cycle_once()
+            fake.run_pending()
+        assert fake.jobs["7"]["state"] == "RUNNING"
+        with open(metrics / "7.jsonl", "a") as fh:
+            fh.write('{"t": 5, "event": "start", "job": "7", "restart": 1}\n'
+                     '{"t": 6, "event": "exit", "reason": "done", "job": "7", "restart": 1}\n')
+        fake.end("7", "COMPLETED")
+        fake.calls.clear()
+        for _ in range(3):
+            clock["t"] += 2
+            d.cycle_once()
+        assert _writes(fake) == [] and d.progress.failed_after_done == set()
+    finally:
+        d.store.close()
+
+
+def test_the_final_records_reason_survives_a_daemon_restart():
+    from malletrain.daemon.progress import ProgressTail, TailState
+    tail = ProgressTail(roots=("/tmp",))
+    tail.files["/tmp/a.jsonl"] = TailState(10, 3, None, True, final="done")
+    tail.files["/tmp/b.jsonl"] = TailState(10, 4, None, True, final="pruned")
+    again = ProgressTail(roots=("/tmp",))
+    again.load(json.loads(json.dumps(tail.dump())))
+    assert again.files["/tmp/a.jsonl"].final == "done" and again.files["/tmp/b.jsonl"].final == "pruned"
+    again.load({"/tmp/c.jsonl": [10, 5, None, True, None, None, None]})      # stored before the reason was
+    assert again.files["/tmp/c.jsonl"].done and again.files["/tmp/c.jsonl"].final is None
+
+
 def test_a_job_queued_again_after_its_work_ended_done_is_cancelled_not_run_twice(tmp_path):
     """The daemon stops a job (requeuehold) in the very second its last step finished and wrote
     its final 'done' record: the copy queued again must not run (it would finish twice)."""

@@ -199,9 +199,12 @@ class Malleable(Contract):
 
     def close(self, accelerator) -> int:
         """The final checkpoint (when the run did not stop), the exit record; the exit status for
-        the script: 0 (done or pruned) or 3 (stopped: the job must be requeued)."""
+        the script: 0 (done or pruned) or 3 (stopped: the job must be requeued).  A run whose
+        epochs are all done writes its ``done`` record when the process leaves
+        (:meth:`Contract.exit_at_end`): the script's ``torch.save`` of its model after ``close()``
+        is part of the work."""
         if self.stopped is None:
             self.checkpoint(accelerator)
-        status = self.exit_record(log)
+        status = self.exit_at_end(log) if self.finished and self.stopped is None else self.exit_record(log)
         accelerator.wait_for_everyone()
         return status

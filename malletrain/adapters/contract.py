@@ -162,6 +162,7 @@ class Contract:
         self.per_epoch = 0            # steps an epoch (set by batch_sampler())
         self.finished = False
         self.stopped: str | None = None
+        self._exit_pending = False      # the final exit record waits for interpreter exit (exit_at_end)
         self._prune = False
         self._reporter: Any = None
         self._last_ckpt_t = time.monotonic()
@@ -278,6 +279,25 @@ class Contract:
                             prune=prune, **extra)
         self._prune = self._prune or prune
         return self._prune
+
+    def exit_at_end(self, log) -> int:
+        """The run's training finished: its ``exit`` record waits for the process to leave, so
+        that the script's own lines after its training (``torch.save`` of the model, a test run)
+        are part of the work.  It is written at interpreter exit, ``done`` only when those lines
+        raised nothing (an unhandled exception leaves it ``closed``: the job's failure goes to
+        Slurm and the daemon's recovery, which also reads a non-zero exit after ``done`` as not
+        finished).  Until then a stop only sets the flag and the script's save goes on; a job
+        killed before then has no exit record, is requeued, resumes at its final checkpoint,
+        trains nothing and runs those lines again.  Returns 0, the exit status."""
+        if not self._exit_pending:
+            self._exit_pending = True
+            atexit.register(self._exit_at_end, log)
+        return 0
+
+    def _exit_at_end(self, log) -> None:
+        if getattr(sys, "last_value", None) is not None:     # the script died of an exception
+            self.finished = False
+        self.exit_record(log)
 
     def exit_record(self, log) -> int:
         """The ``exit`` record; the exit status: 0 (done or pruned) or 3 (stopped: requeue)."""

@@ -20,7 +20,7 @@ in a few lines (README, "Bring your own Hugging Face script")::
   trial exits 0 the same way; ``checkpoint_every_s`` asks for a save without a stop.
 * *Its training ends before the script does* (``trainer.save_model`` after ``train()``).  The
   last epoch ends with a checkpoint, and the final ``exit`` record (``done``) is written when the
-  process leaves cleanly (:meth:`Malleable._exit_at_end`): a job stopped or killed while the
+  process leaves cleanly (:meth:`Contract.exit_at_end`): a job stopped or killed while the
   script saves its model is not read as done, and a requeued one resumes at the end.
 * *An epoch stopped at its last step is never evaluated* (``eval_strategy="epoch"``: the
   Trainer evaluates after the epoch's end, and the resumed run starts the next epoch).  On such a
@@ -50,10 +50,8 @@ follows another (statistically equal) path after a change of world size.
 """
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -100,7 +98,6 @@ class Malleable(Contract, TrainerCallback):
         self._leaving: int | None = None
         self._save_asked: float | None = None
         self._sealed_step: int | None = None
-        self._exit_pending = False
 
     # ---- what the script passes to the Trainer ---------------------------------------------
     def training_args(self, **kwargs: Any) -> TrainingArguments:
@@ -243,20 +240,10 @@ class Malleable(Contract, TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
         """The training is done; the ``exit`` record waits for the process to leave
-        (:meth:`_exit_at_end`): the script's lines after ``train()`` are part of the work."""
+        (:meth:`Contract.exit_at_end`): the script's lines after ``train()`` are part of the
+        work.  Until then the stop handlers stay (a stop while the script saves its model only
+        sets the flag), and a job killed before it ends is requeued and resumes from the final
+        checkpoint (:meth:`on_epoch_end`) to save again."""
         self.finished = True
         self.global_step = state.global_step
-        if not self._exit_pending:
-            self._exit_pending = True
-            atexit.register(self._exit_at_end)
-
-    def _exit_at_end(self) -> None:
-        """The ``exit`` record of a run whose training ended, written at interpreter exit, after
-        the script's own last lines: ``done`` only when they raised nothing (an unhandled
-        exception leaves it ``closed``, and the job's failure to Slurm and the daemon's recovery).
-        Until then the stop handlers stay: a stop while the script saves its model only sets the
-        flag, the save goes on, and a job killed before it ends is requeued and resumes from the
-        final checkpoint (:meth:`on_epoch_end`) to save again."""
-        if getattr(sys, "last_value", None) is not None:
-            self.finished = False
-        self.exit_record(log)
+        self.exit_at_end(log)

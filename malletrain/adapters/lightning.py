@@ -35,6 +35,11 @@ in a few lines (README, "Bring your own Lightning script")::
   the callback sets ``accumulate_grad_batches`` for the current world and, on every load,
   rewrites Lightning's epoch and batch counters from its own position at the new world's
   accumulation (its ``global_step``, the optimizer steps, does not change).
+* *Its fit ends before the script does* (``torch.save`` of the model after ``fit``).  The fit
+  ends with a checkpoint, and the final ``exit`` record (``done``) is written when the process
+  leaves cleanly (:meth:`Contract.exit_at_end`); until then a stop only sets the flag, so a job
+  stopped while the script saves its model finishes the save, and one killed during it is
+  requeued, restored at its end (Lightning trains nothing) and saves again.
 * *Its loop counters go wrong after a restore at an epoch's last step* (2.6 never counts that
   run's first epoch as begun): another reason they are rewritten, never trusted, on load.
 
@@ -254,10 +259,32 @@ class Malleable(Contract, pl.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         """The fit ended on its own (its epochs or steps, or the script's early stopping): the
-        work is done.  The final checkpoint, the exit record."""
+        training is done.  The final checkpoint; the exit record waits for the process to leave
+        (:meth:`on_fit_end`, :meth:`Contract.exit_at_end`): the script's lines after ``fit`` are part of
+        the work."""
         self.finished = True
         self._checkpoint(trainer)
-        self._close()
+        if dist.is_initialized():
+            dist.barrier()      # every rank is past its last collective of the fit
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        """After Lightning's teardown, which put back the signal handlers that were there before
+        ``fit``.  A run restored at its end trained nothing (Lightning skips the loop: no train
+        start or end); its work is done all the same.  From here to the process's exit a stop
+        only sets the flag again (the script's own save goes on), and the final ``exit`` record
+        is written at interpreter exit (:meth:`Contract.exit_at_end`)."""
+        if not self.finished and trainer.fit_loop.done:
+            self.finished = True
+            self.global_step = trainer.global_step
+            self.started(self._resumed[1] if self._resumed else 0.0)
+            log.info("rank %d/%d restored at the end of its training (step %d): nothing to train",
+                     self.rank, self.world, self.global_step)
+        if not self.finished or self._exit_pending:
+            return
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            self._handlers.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, lambda signum, frame: self.stop.notify(signum))
+        self.exit_at_end(log)
 
     # ---- internals -------------------------------------------------------------------------
     def _checkpoint(self, trainer) -> None:

@@ -364,6 +364,9 @@ def _study_campaign(args, spec, cfg: Config, metrics_dir: str) -> int:
             f"the study for its parameters when it starts and queues the next when it ends. "
             f"`malletrain campaign status {args.spec}` shows progress.", file=sys.stderr)
         return 0
+    if ticked.submitted:        # status reconciles as a trial's end does: say what it queued
+        say(f"campaign {spec.name}: {len(ticked.submitted)} trial job(s) the campaign was missing queued now "
+            "(held: the daemon starts them on idle nodes)", file=sys.stderr)
     states = _job_states(cfg)
     rows = study_rows(spec, slots.load_ledger(spec.dir)["slots"], study.trials(), states)
     if args.json:
@@ -502,7 +505,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("dir", help="the campaign directory")
     tr.add_argument("slot", help="the trial job's id in campaign.json (s000, ...)")
     for action, helptext in (("submit", "submit the trials not yet submitted (idempotent)"),
-                             ("status", "trials, progress and the best result so far")):
+                             ("status", "trials, progress and the best result so far (it also queues the trial jobs "
+                                        "the campaign is missing, as a trial's end does, and says so)")):
         a = cpsub.add_parser(action, help=helptext)
         a.set_defaults(run=cmd_campaign)
         a.add_argument("spec", help="campaign spec YAML (examples/train/*.yaml)")

@@ -245,8 +245,8 @@ class Daemon:
         now = obs.snapshot.now_s
         # an ended job whose file is not read to its end yet waits (its verdict needs the last record)
         unread = {j for j in obs.ended if j not in self.progress.final}
-        ended = {j: Ended(f.state, self.progress.final.get(j), f.nodes) for j, f in obs.ended.items()
-                 if j not in unread}
+        ended = {j: Ended(f.state, self.progress.final.get(j), f.nodes, j in self.progress.failed_after_done)
+                 for j, f in obs.ended.items() if j not in unread}
         running = {j: Running(tuple(r.nodes), self.progress.last_progress.get(j), self.progress.step_s(j))
                    for j, r in self.backend.records.items()
                    if r.phase is Phase.RUNNING and j not in self.recovery.given_up}

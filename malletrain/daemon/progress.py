@@ -11,7 +11,10 @@ campaign trial writes — η^k after surviving k pruning rungs — is handed to 
 only reorders its owner's own jobs) or ``exit`` (an
 ``exit`` whose ``reason`` is ``done`` is the job's final result; ``pruned`` — a campaign's
 pruner stopped the trial — and ``failed`` — the trial used up its campaign's retries — end the
-job for good the same way: it is not requeued).
+job for good the same way: it is not requeued).  A job whose last run wrote ``done`` and then
+ended ``FAILED`` (its process exited non-zero after it: the script's own lines after its
+training, e.g. ``sys.exit(1)`` or a failed final save) is not finished: the process's exit status
+came last, and the daemon's recovery runs it again (it resumes at its final checkpoint).
 The daemon reads each file incrementally from the offset it reached last time
 (persisted, so a restart neither re-reads nor loses lines).  A throughput
 sample is the rate between two consecutive ``progress`` records of the same
@@ -117,7 +120,8 @@ class TailState:
     offset: int = 0
     inode: int = 0
     last: tuple | None = None    # (restart, nodes, t, samples) of the last progress record
-    done: bool = False           # the last run ended with a final ``done`` record
+    done: bool = False           # the last run ended with a final record (``FINAL_REASONS``)
+    final: str | None = None     # ... and that record's reason (done, pruned or failed)
     step_s: float = 0.0          # the last progress record's step time
     records: int = 0             # valid records read (this daemon's lifetime)
     eof: bool = False            # the last poll read to the end of the file
@@ -269,7 +273,7 @@ class ProgressTail:
 
     def _parse(self, job_id: str, st: TailState, got: Fetched, max_nodes: int, max_lines: int) -> TailRead:
         if got.inode != st.inode or got.start != st.offset:     # new, replaced or truncated
-            st.offset, st.inode, st.last, st.done, st.step_s = got.start, got.inode, None, False, 0.0
+            st.offset, st.inode, st.last, st.done, st.final, st.step_s = got.start, got.inode, None, False, None, 0.0
             st.run, st.new_runs, st.promise = None, [], None
             st.elastic, st.new_reforms, st.group_nodes, st.members = False, [], 0, None
         chunk = got.data
@@ -310,9 +314,10 @@ class ProgressTail:
             if rec["event"] in ("reform", "progress") and rec["nodes"] >= 1:
                 st.group_nodes = rec["nodes"]
             if rec["event"] == "start":
-                st.done = False
+                st.done, st.final = False, None
             elif rec["event"] == "exit":     # final only when it names this job (not a stale file's)
                 st.done = rec["reason"] in FINAL_REASONS and rec["job"] == job_id
+                st.final = rec["reason"] if st.done else None
             elif rec["event"] == "progress" and rec["step_s"] is not None:
                 st.step_s = rec["step_s"]
             if rec["event"] == "progress" and rec["nodes"] >= 1:
@@ -410,7 +415,7 @@ class ProgressTail:
     # persistence (the daemon's store saves and restores these)
     def dump(self) -> dict:
         return {p: [s.offset, s.inode, list(s.last) if s.last else None, s.done,
-                    list(s.run) if s.run else None, s.measured, s.promise] for p, s in self.files.items()}
+                    list(s.run) if s.run else None, s.measured, s.promise, s.final] for p, s in self.files.items()}
 
     def load(self, data: dict) -> None:
         for p, entry in data.items():
@@ -424,6 +429,8 @@ class ProgressTail:
                 if len(rest) >= 4:   # the last promise read
                     promise = _number(rest[3], MIN_PROMISE, MAX_PROMISE)
                     st.promise = None if promise is None else float(promise)
+                if len(rest) >= 5 and rest[4] in FINAL_REASONS and st.done:   # the final record's reason
+                    st.final = rest[4]
                 self.files[p] = st
             except (TypeError, ValueError):
                 log.warning("stored offset of %s unreadable; reading that file from the start", p)
@@ -449,6 +456,7 @@ class ProgressSource:
         self._quiet: dict[str, int] = {}             # held jobs: reads that found nothing new since released
         self.latest: dict[str, Sample] = {}
         self.final: dict[str, bool | None] = {}      # ended jobs: did the last run end ``done``?
+        self.failed_after_done: set[str] = set()     # ended FAILED after a ``done`` record (final: False)
         self.last_progress: dict[str, float] = {}    # observation clock when a job's file last grew
         self._paths: dict[str, str] = {}
         self._named: dict[str, float] = {}           # path -> when an observed job last named it
@@ -580,6 +588,7 @@ class ProgressSource:
             self._drop(job)
         for job in [j for j in self.final if j not in observation.ended]:
             del self.final[job]
+        self.failed_after_done &= self.final.keys()
         out: list[Sample] = []
         ended = []
         for job, facts in observation.ended.items():
@@ -682,8 +691,9 @@ class ProgressSource:
 
     def _final(self, job: str, facts: JobFacts, out: list[Sample], cap: int, used: dict[str, _Used]) -> None:
         """Read an ended job's file on (up to ``cap`` bytes this cycle) and judge it once a read
-        reached the end of the file: :attr:`final` is True when its last run ended ``done``,
-        False when it did not or there is no file, None when there is no file to trust (none
+        reached the end of the file: :attr:`final` is True when its last run ended with a final
+        record (``done``, ``pruned``, ``failed``), False when it did not, when it ended ``FAILED``
+        after ``done`` (:attr:`failed_after_done`) or there is no file, None when there is no file to trust (none
         named, or refused).  A read that did not happen (budget) or stopped short judges nothing."""
         verdict: bool | None = None
         if facts.progress_path:
@@ -705,6 +715,14 @@ class ProgressSource:
                 if r.eof:
                     st = self.tail.files.get(facts.progress_path)
                     verdict = bool(st and st.done)
+                    if verdict and st is not None and st.final == "done" and facts.state == "FAILED":
+                        verdict = False      # the process exited non-zero after its 'done': not finished
+                        self.failed_after_done.add(job)
+                        # kept, read to its end and no longer final: the requeued run goes on
+                        # from here, and its old 'done' is never read as its end (finished())
+                        st.done, st.final = False, None
+                        self.final[job] = verdict
+                        return
                     break
                 if not r.consumed:
                     return                  # an unfinished line within the cap: next cycle

@@ -11,6 +11,7 @@ Slurm state / last progress record     what happens
 =====================================  ===========================================
 any, and an ``exit`` record with       finished: nothing to do
 ``reason`` done, pruned or failed
+(but FAILED after ``done``: below)
 CANCELLED                              its owner (or an admin) cancelled it: left
 DEADLINE                               its owner's ``--deadline`` passed: left (a
                                        requeued run would be cancelled again)
@@ -24,7 +25,9 @@ Slurm cancelled it for a primary job)  requeued held at once, same job id; not a
                                        failure, no strike against its nodes
 anything else (FAILED, TIMEOUT,        lost work: requeued held at once, same job id,
 NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY,   started again no earlier than ``retry_backoff_s``
-COMPLETED without ``done``, …)         later (doubling per failure), up to
+COMPLETED without ``done``, FAILED     later (doubling per failure), up to
+after ``done``: its process exited
+non-zero after writing it, …)
                                        ``max_failures`` times; then held for good with
                                        the reason (``status``/``explain``)
 =====================================  ===========================================
@@ -78,6 +81,7 @@ class Ended:
     state: str                      # Slurm's state word
     done: bool | None               # a final ``done`` record was read; None: no progress file
     nodes: tuple[str, ...] = ()     # where it ran last
+    after_done: bool = False        # FAILED after a ``done`` record (``done`` is then False)
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,9 @@ class Recovery:
             return None
         if e.state == "COMPLETED" and e.done is None:
             return None
+        if e.after_done:
+            return (f"ended {e.state} after its final 'done' record: its process exited non-zero after writing it "
+                    "(the script's own last lines failed)")
         return f"ended {e.state} without a final result"
 
     def _failed(self, job: str, now: float, why: str, nodes: tuple[str, ...], *, ended: bool) -> list[Decision]:
