@@ -24,7 +24,7 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    With ``promise`` on, an owner whose jobs report different promises (campaign trials: how
    many pruning rungs each survived) has the nodes the allocator gave its jobs re-split among
    them, valued in node-equivalents, the more promising jobs first (:func:`_by_promise`); no
-   other owner's count changes.
+   other owner's count changes, nor its nodes (:func:`_place_apart`).
 5. Counts become nodes (:mod:`malletrain.core.placement`: longest predicted
    stays to growing jobs) and every job gets an :class:`Action` with a reason: a
    :class:`ReasonCode` and the detail.
@@ -169,6 +169,8 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
 
     objective, solver = 0.0, config.policy
     chosen: dict[str, tuple[str, ...]] = {}     # concrete nodes picked by a per-node policy
+    resplit: frozenset[str] = frozenset()       # owners whose nodes a promise re-split
+    before: dict[str, tuple[str | None, int]] = {}
     if config.policy == "static":
         _static(free_jobs, cap, config, targets, reasons)
     elif config.policy.startswith("bftrainer"):
@@ -192,8 +194,10 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         objective, solver = alloc.objective, alloc.solver
         notes.extend(alloc.notes)
         sizes = dict(alloc.sizes)
+        before = {j.job_id: sizes.get(j.job_id, (None, 0)) for j in free_jobs}
         promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
                                 config, notes) if compared else {})
+        resplit = frozenset(_owner(j) for j in free_jobs if j.job_id in promoted)
         could_run = frozenset(ch.job_id for ch in problem.jobs if any(o.size for o in ch.options))
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
@@ -201,8 +205,11 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
             reasons[j.job_id] = (promoted.get(j.job_id)
                                  or _reason(j, n, curves.get(j.job_id), config, could_run, _cost(j, outlook)))
 
-    exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
-    alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
+    if resplit:
+        alloc_nodes = _place_apart(snapshot.nodes, jobs, targets, before, resplit, curves, outlook, config, pool)
+    else:
+        exposure = _exposure(jobs, targets, curves, outlook, config) if outlook.stays else {}
+        alloc_nodes = place(snapshot.nodes, jobs, targets, outlook.stays, exposure, outlook.sensitive, by_name=pool)
     alloc_nodes.update(chosen)
     actions = _actions(live, alloc_nodes, reasons)
     return Plan(now, alloc_nodes, actions, objective, solver, tuple(notes))
@@ -652,6 +659,30 @@ def _verb(c: int, n: int) -> str:
     if n == 0:
         return f"stop ({c}→0)"
     return f"{'grow' if n > c else 'shrink'} {c}→{n}"
+
+
+def _place_apart(nodes: Sequence[Node], jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, int]],
+                 before: Mapping[str, tuple[str | None, int]], resplit: AbstractSet[str],
+                 curves: Mapping[str, Curve], outlook: Outlook, cfg: CoreConfig,
+                 pool: Mapping[str, Node]) -> dict[str, tuple[str, ...]]:
+    """The placement when a promise re-split the nodes of the owners in ``resplit``
+    (:func:`_by_promise`).  Every other owner's jobs get the very nodes they would get had no
+    one reported a promise: all jobs are placed first with the re-split owners' jobs at their
+    sizes ``before`` it.  Then the re-split owners' jobs are placed at their new sizes on the
+    nodes no other owner's job got.  (Placed in one pass, a promising job that grows could be
+    ranked before another user's grower and take the free nodes that job would have had.)  The
+    re-split keeps each owner's count per node type, so the second pass finds enough nodes."""
+    base = {jid: before[jid] if jid in before and _owner(j) in resplit else targets.get(jid, (None, 0))
+            for j in jobs if (jid := j.job_id) in targets or jid in before}
+    stays, sensitive = outlook.stays, outlook.sensitive
+    exposure = _exposure(jobs, base, curves, outlook, cfg) if stays else {}
+    first = place(nodes, jobs, base, stays, exposure, sensitive, by_name=pool)
+    mine = [j for j in jobs if _owner(j) in resplit]
+    others = {n for j in jobs if _owner(j) not in resplit for n in first[j.job_id]}
+    rest = [n for n in nodes if n.name not in others]
+    exposure = _exposure(mine, targets, curves, outlook, cfg) if stays else {}
+    second = place(rest, mine, targets, stays, exposure, sensitive, by_name={n.name: n for n in rest})
+    return {j.job_id: second.get(j.job_id, first[j.job_id]) for j in jobs}
 
 
 def _exposure(jobs: Sequence[JobState], targets: Mapping[str, tuple[str | None, int]],
