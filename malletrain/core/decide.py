@@ -24,7 +24,8 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    With ``promise`` on, an owner whose jobs report different promises (campaign trials: how
    many pruning rungs each survived) has the nodes the allocator gave its jobs re-split among
    them, valued in node-equivalents, the more promising jobs first (:func:`_by_promise`); no
-   other owner's count changes, nor its nodes (:func:`_place_apart`).
+   other owner's count changes, nor (but for nodes the owner's jobs keep) its nodes
+   (:func:`_place_apart`).
 5. Counts become nodes (:mod:`malletrain.core.placement`: longest predicted
    stays to growing jobs) and every job gets an :class:`Action` with a reason: a
    :class:`ReasonCode` and the detail.
@@ -666,19 +667,39 @@ def _place_apart(nodes: Sequence[Node], jobs: Sequence[JobState], targets: Mappi
                  curves: Mapping[str, Curve], outlook: Outlook, cfg: CoreConfig,
                  pool: Mapping[str, Node]) -> dict[str, tuple[str, ...]]:
     """The placement when a promise re-split the nodes of the owners in ``resplit``
-    (:func:`_by_promise`).  Every other owner's jobs get the very nodes they would get had no
-    one reported a promise: all jobs are placed first with the re-split owners' jobs at their
-    sizes ``before`` it.  Then the re-split owners' jobs are placed at their new sizes on the
-    nodes no other owner's job got.  (Placed in one pass, a promising job that grows could be
-    ranked before another user's grower and take the free nodes that job would have had.)  The
-    re-split keeps each owner's count per node type, so the second pass finds enough nodes."""
+    (:func:`_by_promise`), so that a promise moves no other owner's job onto other nodes than it
+    would have had without one, except nodes the promising owner's own jobs hold and keep.
+
+    1. Every job is placed with the re-split owners' jobs at their sizes ``before`` the re-split:
+       the placement had no one reported a promise.
+    2. The re-split owners' jobs keep their best own nodes up to their new sizes (as
+       :func:`~malletrain.core.placement.place` keeps them), so that none of them is moved off
+       a node it keeps at a size it keeps.
+    3. Every other owner's job keeps its nodes from 1 but those, and takes as many free nodes
+       instead (in 1 it could have been given a node that the re-split owner's job would have
+       released without the promise).
+    4. The re-split owners' jobs take the rest of their new sizes from what is left.
+
+    In one pass (before 2026-12-04) a promising grower could be ranked before another user's
+    grower and take the free nodes that job would have had.  The re-split keeps each owner's
+    count per node type, so every step finds enough nodes."""
     base = {jid: before[jid] if jid in before and _owner(j) in resplit else targets.get(jid, (None, 0))
             for j in jobs if (jid := j.job_id) in targets or jid in before}
     stays, sensitive = outlook.stays, outlook.sensitive
     exposure = _exposure(jobs, base, curves, outlook, cfg) if stays else {}
     first = place(nodes, jobs, base, stays, exposure, sensitive, by_name=pool)
     mine = [j for j in jobs if _owner(j) in resplit]
-    others = {n for j in jobs if _owner(j) not in resplit for n in first[j.job_id]}
+    theirs = [j for j in jobs if _owner(j) not in resplit]
+    keep = {j.job_id: (targets.get(j.job_id, (None, 0))[0], min(j.size, targets.get(j.job_id, (None, 0))[1]))
+            for j in mine}
+    kept = set(chain.from_iterable(place(nodes, mine, keep, stays, by_name=pool).values()))
+    lost = [JobState(j.spec, tuple(n for n in first[j.job_id] if n not in kept),
+                     pool[first[j.job_id][0]].node_type if first[j.job_id] else None,
+                     j.paused_until_s, j.last_change_s) for j in theirs]
+    if any(len(x.nodes) < len(first[x.job_id]) for x in lost):      # step 3
+        rest = [n for n in nodes if n.name not in kept]
+        first.update(place(rest, lost, base, stays, exposure, sensitive, by_name={n.name: n for n in rest}))
+    others = set(chain.from_iterable(first[j.job_id] for j in theirs))
     rest = [n for n in nodes if n.name not in others]
     exposure = _exposure(mine, targets, curves, outlook, cfg) if stays else {}
     second = place(rest, mine, targets, stays, exposure, sensitive, by_name={n.name: n for n in rest})
