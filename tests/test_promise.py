@@ -194,6 +194,58 @@ def test_a_promise_moves_no_other_users_job_off_the_nodes_it_would_get():
     assert resplit > 60          # Alice's nodes were re-split in many of these cases
 
 
+def _typed_case(seed):
+    """Two node types; Alice, Bob and Carol with 1-3 jobs each, holding nodes of one type and,
+    as the Slurm backend reports them, no node type of their own; some asking for a probe."""
+    import random
+
+    from malletrain.domain.model import Stay
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i:02d}", rng.choice(["a100", "h100"])) for i in range(rng.randint(6, 16)))
+    stays = {n.name: Stay(rng.choice([0.2, 0.5, 0.9, 1.0]), rng.choice([0.0, 0.3, 0.7])) for n in nodes}
+    free = {t: [n.name for n in nodes if n.node_type == t] for t in ("a100", "h100")}
+    jobs, curves = [], {}
+    for i, owner in enumerate(o for o in ("alice", "bob", "carol") for _ in range(rng.randint(1, 3))):
+        pool = free[rng.choice(["a100", "h100"])]
+        held = tuple(pool.pop() for _ in range(min(rng.choice([0, 1, 2, 3]), len(pool))))
+        jobs.append(JobState(JobSpec(f"{owner[0]}{i}", 1, rng.randint(1, 6), owner=owner), held, None, 0.0, None))
+        f = _power(rng.uniform(50, 150), rng.uniform(0.3, 1.0))
+        probe = rng.choice([None, None, 2, 4])
+        curves[f"{owner[0]}{i}"] = Curve({n: CurvePoint(f(n), f(n), f(n)) for n in range(1, 17)}, probe, "oracle",
+                                         (probe,) if probe else (), ())
+    rng.shuffle(jobs)
+    cfg = CoreConfig(policy=rng.choice(["oracle", "malletrain", "greedy"]))
+    promise = {j.job_id: rng.choice([1e-3, 1.0, 9.0, 1e3]) for j in jobs if j.spec.owner != "bob"}
+    return Snapshot(1000.0, nodes, tuple(jobs)), curves, cfg, stays, promise
+
+
+def test_several_node_types_untyped_jobs_and_two_owners_resplitting():
+    """On a pool of two node types, with running jobs that carry no node type (as the Slurm backend
+    reports them: the core reads it off their nodes), no job gets nodes of two types and a plan is
+    always made (a probe or a static size read such a job as "any type" and gave it the other
+    type's nodes, or more than were free: decide raised).  When Alice and Carol both re-split,
+    Bob, who does not, still gets his count and every node he would have had with no promise at
+    all, but those Alice's or Carol's jobs hold and keep.  Seeds 1173, 2101 and 2684: a re-split
+    that only swaps two starting jobs' node types (the same counts) must be placed apart too."""
+    resplit = 0
+    for seed in (*range(300), 1173, 2101, 2684):
+        snap, curves, cfg, stays, promise = _typed_case(seed)
+        kind = {n.name: n.node_type for n in snap.nodes}
+        plain = decide(snap, curves, cfg, Outlook(stays=stays))
+        told = decide(snap, curves, cfg, Outlook(stays=stays, promise=promise))
+        theirs = {n for j in snap.jobs if j.spec.owner != "bob" for n in j.nodes}
+        for plan in (plain, told):
+            placed = [n for nodes in plan.allocations.values() for n in nodes]
+            assert len(placed) == len(set(placed)), seed
+            assert all(len({kind[n] for n in nodes}) <= 1 for nodes in plan.allocations.values()), seed
+        for j in snap.jobs:
+            if j.spec.owner == "bob":
+                assert len(told.allocations[j.job_id]) == len(plain.allocations[j.job_id]), seed
+                assert set(plain.allocations[j.job_id]) - theirs <= set(told.allocations[j.job_id]), seed
+        resplit += sizes(told) != sizes(plain)
+    assert resplit > 30
+
+
 def test_equal_promises_or_promise_off_leave_the_plan_as_it_was():
     jobs, curves, snap = _case()
     cfg = CoreConfig(policy="oracle")

@@ -132,10 +132,13 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     reasons: dict[str, Reason] = {}
     notes: list[str] = []
     live = list(snapshot.jobs)
-    # Jobs whose nodes left the pool already lost them (the backend shrank them).
+    # Jobs whose nodes left the pool already lost them (the backend shrank them).  A running
+    # job's node type is its nodes' (the Slurm backend leaves it to the pool: a probe or a static
+    # size read as "any type" gave a job nodes of two types, or more of a type than were free).
     held_now = {j.job_id: in_pool(j.nodes, pool) for j in live}
-    jobs = [JobState(j.spec, held_now[j.job_id], j.node_type, j.paused_until_s, j.last_change_s)
-            for j in live]
+    jobs = [JobState(j.spec, held, (pool[held[0]].node_type if held else None) if j.node_type is None
+                     else j.node_type, j.paused_until_s, j.last_change_s)
+            for j in live for held in (held_now[j.job_id],)]
 
     def pin(j: JobState, r: Reason) -> None:
         targets[j.job_id] = (j.node_type or _type_of(j, pool), j.size)
@@ -198,7 +201,9 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         before = {j.job_id: sizes.get(j.job_id, (None, 0)) for j in free_jobs}
         promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
                                 config, notes) if compared else {})
-        resplit = frozenset(_owner(j) for j in free_jobs if j.job_id in promoted)
+        # an owner whose jobs' sizes or node types the re-split changed (a swap of types at the
+        # same counts records no reason)
+        resplit = frozenset(_owner(j) for j in free_jobs if sizes.get(j.job_id, (None, 0)) != before[j.job_id])
         could_run = frozenset(ch.job_id for ch in problem.jobs if any(o.size for o in ch.options))
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
@@ -682,7 +687,9 @@ def _place_apart(nodes: Sequence[Node], jobs: Sequence[JobState], targets: Mappi
 
     In one pass (before 2026-12-04) a promising grower could be ranked before another user's
     grower and take the free nodes that job would have had.  The re-split keeps each owner's
-    count per node type, so every step finds enough nodes."""
+    count per node type, so every step finds enough nodes.  Not separated: the owners in
+    ``resplit`` take their rest in one pass (4), so which free nodes one's growing jobs get can
+    depend on another re-splitting owner's promises (never the counts)."""
     base = {jid: before[jid] if jid in before and _owner(j) in resplit else targets.get(jid, (None, 0))
             for j in jobs if (jid := j.job_id) in targets or jid in before}
     stays, sensitive = outlook.stays, outlook.sensitive
