@@ -136,12 +136,11 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     # job's node type is its nodes' (the Slurm backend leaves it to the pool: a probe or a static
     # size read as "any type" gave a job nodes of two types, or more of a type than were free).
     held_now = {j.job_id: in_pool(j.nodes, pool) for j in live}
-    jobs = [JobState(j.spec, held, (pool[held[0]].node_type if held else None) if j.node_type is None
-                     else j.node_type, j.paused_until_s, j.last_change_s)
-            for j in live for held in (held_now[j.job_id],)]
+    jobs = [JobState(j.spec, held_now[j.job_id], j.node_type or _type_of(j, pool), j.paused_until_s,
+                     j.last_change_s) for j in live]
 
     def pin(j: JobState, r: Reason) -> None:
-        targets[j.job_id] = (j.node_type or _type_of(j, pool), j.size)
+        targets[j.job_id] = (j.node_type, j.size)
         reasons[j.job_id] = r
         cap[targets[j.job_id][0]] -= j.size
 
@@ -198,12 +197,14 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         objective, solver = alloc.objective, alloc.solver
         notes.extend(alloc.notes)
         sizes = dict(alloc.sizes)
-        before = {j.job_id: sizes.get(j.job_id, (None, 0)) for j in free_jobs}
-        promoted = (_by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
-                                config, notes) if compared else {})
-        # an owner whose jobs' sizes or node types the re-split changed (a swap of types at the
-        # same counts records no reason)
-        resplit = frozenset(_owner(j) for j in free_jobs if sizes.get(j.job_id, (None, 0)) != before[j.job_id])
+        promoted: dict[str, Reason] = {}
+        if compared:
+            before = {j.job_id: sizes.get(j.job_id, (None, 0)) for j in free_jobs}
+            promoted = _by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
+                                   config, notes)
+            # an owner whose jobs' sizes or node types the re-split changed (a swap of types at
+            # the same counts records no reason)
+            resplit = frozenset(_owner(j) for j in free_jobs if sizes.get(j.job_id, (None, 0)) != before[j.job_id])
         could_run = frozenset(ch.job_id for ch in problem.jobs if any(o.size for o in ch.options))
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
@@ -464,7 +465,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
     for j in jobs:
         curve = curves.get(j.job_id)
         spec = j.spec
-        mytypes = (j.node_type or _type_of(j, pool),) if j.nodes else types
+        mytypes = (j.node_type,) if j.nodes else types
         limit = max(cap.get(t, 0) for t in mytypes) if mytypes else 0
         sizes = [n for n in size_grid(spec.min_nodes, spec.max_nodes, cfg.max_candidates)
                  if n <= limit]
@@ -690,18 +691,19 @@ def _place_apart(nodes: Sequence[Node], jobs: Sequence[JobState], targets: Mappi
     count per node type, so every step finds enough nodes.  Not separated: the owners in
     ``resplit`` take their rest in one pass (4), so which free nodes one's growing jobs get can
     depend on another re-splitting owner's promises (never the counts)."""
-    base = {jid: before[jid] if jid in before and _owner(j) in resplit else targets.get(jid, (None, 0))
-            for j in jobs if (jid := j.job_id) in targets or jid in before}
+    base = dict(targets)
+    base.update((j.job_id, before[j.job_id]) for j in jobs if j.job_id in before and _owner(j) in resplit)
     stays, sensitive = outlook.stays, outlook.sensitive
     exposure = _exposure(jobs, base, curves, outlook, cfg) if stays else {}
     first = place(nodes, jobs, base, stays, exposure, sensitive, by_name=pool)
     mine = [j for j in jobs if _owner(j) in resplit]
     theirs = [j for j in jobs if _owner(j) not in resplit]
-    keep = {j.job_id: (targets.get(j.job_id, (None, 0))[0], min(j.size, targets.get(j.job_id, (None, 0))[1]))
-            for j in mine}
+    keep = {}
+    for j in mine:
+        t, n = targets.get(j.job_id, (None, 0))
+        keep[j.job_id] = (t, min(j.size, n))
     kept = set(chain.from_iterable(place(nodes, mine, keep, stays, by_name=pool).values()))
-    lost = [JobState(j.spec, tuple(n for n in first[j.job_id] if n not in kept),
-                     pool[first[j.job_id][0]].node_type if first[j.job_id] else None,
+    lost = [JobState(j.spec, tuple(n for n in first[j.job_id] if n not in kept), j.node_type,
                      j.paused_until_s, j.last_change_s) for j in theirs]
     if any(len(x.nodes) < len(first[x.job_id]) for x in lost):      # step 3
         rest = [n for n in nodes if n.name not in kept]
