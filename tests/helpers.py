@@ -81,7 +81,7 @@ class FakeSlurm:
                 f"{r.get('id', j)}|{r.get('shown', j)}|{r['partition']}|{r['state']}|{r['reason']}|"
                 f"{max(1, len(r['nodes']))}|"
                 f"{','.join(r['nodes'])}|{r.get('start', 'N/A')}|{','.join(r.get('sched', [])) or '(null)'}|"
-                f"100|u|{r.get('uid', 1000)}\n" for j, r in listed.items())
+                f"100|{r.get('user', 'u')}|{r.get('uid', 1000)}\n" for j, r in listed.items())
         elif cmd == "sinfo" and "--version" in argv:
             out = "slurm 22.05.8\n"
         elif cmd == "sinfo":
@@ -217,9 +217,9 @@ def held_array(fake, gid, tasks, comment=None, uid=1000, partition="scavenger"):
                                        id=gid, shown=f"{gid}_{t}")
 
 
-def held_job(fake, jid, comment=TAG, uid=1000):
+def held_job(fake, jid, comment=TAG, uid=1000, user="u"):
     fake.jobs[jid] = dict(partition="scavenger", state="PENDING", reason="JobHeldUser", nodes=(),
-                          comment=comment, uid=uid)
+                          comment=comment, uid=uid, user=user)
 
 
 def progress_records(path):

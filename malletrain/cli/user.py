@@ -144,6 +144,8 @@ def _status_lines(st: DaemonStatus):
            f"{'MEASURED/s':>10} {'PREDICTED/s':>11}  LAST ACTION (REASON)"
     if not st.state_writable:
         yield f"WARNING: the daemon's state store takes no writes, nothing is applied: {st.state_error}"
+    for err in st.errors:
+        yield f"ERROR contained in the last cycle (the daemon's log has the traceback): {shown(err)}"
     for node, why in st.excluded_nodes.items():
         yield f"node {node} left out of harvesting {why}"
     yield head

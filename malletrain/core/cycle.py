@@ -1,21 +1,29 @@
 """The one cycle shared by the daemon and replay: observe → samples → decide → reconcile → apply.
 
 This is the shell around the pure core: it talks to the backend and measures
-the decision latency; ``decide`` and ``reconcile`` do no I/O.
+the decision latency; ``decide`` and ``reconcile`` do no I/O.  The daemon runs it
+``contain``-ed (:mod:`malletrain.core.contain`): a job whose curve raises, or whose owner's jobs
+make ``decide`` raise, is set aside and the others are decided; forecasts that raise leave the
+cycle deciding without them.  Each such error is logged with its traceback and returned in the
+:class:`CycleResult`.  Replay never contains: a bug fails the run.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from malletrain.core.backend import Backend, MetricsSource
+from malletrain.core.contain import decide_contained
 from malletrain.core.curves import CurveSource
 from malletrain.core.decide import decide, pool_index, protected, starving
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
 from malletrain.domain.model import NO_OUTLOOK, Action, Outlook, Plan, Sample, Snapshot
+from malletrain.domain.text import error_line
 
 log = logging.getLogger("malletrain.cycle")
 
@@ -27,6 +35,10 @@ class CycleResult:
     decision_ms: float
     reused: bool = False      # inputs unchanged: the previous plan stands
     stood: bool = False       # only the node stays moved, and decide found the previous plan stands
+    # a contained cycle (the daemon's): jobs set aside (job -> why), and the errors it contained,
+    # one line each, "KIND: text" with KIND one of forecasts, curves, decide
+    set_aside: Mapping[str, str] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
 
 
 @dataclass
@@ -118,21 +130,45 @@ def placed(samples: tuple[Sample, ...], snapshot: Snapshot) -> tuple[Sample, ...
     return tuple(out)
 
 
+T = TypeVar("T")
+
+
+def _forecasts(contain: bool, errors: list[str], now_s: float, step: Callable[[], T]) -> T | None:
+    """``step()``; in a contained cycle an exception is logged and noted instead (None)."""
+    if not contain:
+        return step()
+    try:
+        return step()
+    except Exception as exc:    # noqa: BLE001 - contained: the cycle decides without forecasts
+        log.error("t=%.0f the forecasts raised, deciding without them: %s", now_s, error_line(exc), exc_info=exc)
+        errors.append(f"forecasts: {error_line(exc)}")
+        return None
+
+
 def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
-              memo: CycleMemo | None = None, forecast: ForecastSource | None = None) -> CycleResult:
+              memo: CycleMemo | None = None, forecast: ForecastSource | None = None,
+              contain: bool = False) -> CycleResult:
+    """One cycle.  ``contain`` (the daemon): errors of the curves, the forecasts and ``decide`` are
+    contained (module docstring) instead of raised."""
     obs = backend.observe()
+    now = obs.snapshot.now_s
     samples = placed(tuple(metrics.poll(obs)), obs.snapshot)
     source.ingest(samples, obs.profiles(), obs.finished)
     pauses = tuple(metrics.pauses())
+    errors: list[str] = []
     if forecast is not None:
-        forecast.ingest(obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic())
+        _forecasts(contain, errors, now, lambda: forecast.ingest(
+            obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic()))
     t0 = time.perf_counter()
-    curves = source.curves(obs.snapshot)
-    outlook = forecast.outlook(obs.snapshot) if forecast is not None else NO_OUTLOOK
+    broken: dict[str, str] | None = {} if contain else None
+    curves = source.curves(obs.snapshot, broken)
+    outlook = NO_OUTLOOK
+    if forecast is not None and not errors:
+        outlook = _forecasts(contain, errors, now, lambda: forecast.outlook(obs.snapshot)) or NO_OUTLOOK
     if config.promise and (promise := metrics.promises()):
         outlook = replace(outlook, promise=promise)
     standing = None
-    if memo is not None and obs.generation is not None:
+    if memo is not None and obs.generation is not None and not broken and not errors:
         cur = tuple(curves.items())
         if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
                 and len(cur) == len(memo.curves)
@@ -141,19 +177,31 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
                 return CycleResult(memo.plan, (), (time.perf_counter() - t0) * 1000.0, reused=True)
             if _only_stays_moved(memo.outlook, outlook):
                 standing = memo.plan
-    plan = decide(obs.snapshot, curves, config, outlook, standing)
+    set_aside: Mapping[str, str] = {}
+    if contain:
+        got = decide_contained(obs.snapshot, curves, config, outlook, standing, broken)
+        plan, set_aside = got.plan, got.set_aside
+        if broken:
+            log.error("t=%.0f curves raised for %d job(s), set aside: %s", now, len(broken),
+                      "; ".join(f"{j}: {why}" for j, why in sorted(broken.items())))
+            errors.extend(f"curves: job {j}: {why}" for j, why in sorted(broken.items()))
+        if got.error is not None:
+            log.error("t=%.0f decide raised; %s", now, plan.notes[-1], exc_info=got.error)
+            errors.append(f"decide: {error_line(got.error)}")
+    else:
+        plan = decide(obs.snapshot, curves, config, outlook, standing)
     ms = (time.perf_counter() - t0) * 1000.0
     if standing is not None and plan is standing and memo is not None:
         memo.outlook = outlook
         return CycleResult(plan, (), ms, stood=True)
-    for note in plan.notes:   # solver timeouts, fallbacks: say why
-        log.warning("t=%.0f %s", obs.snapshot.now_s, note)
+    for note in plan.notes:   # solver timeouts, fallbacks, jobs set aside: say why
+        log.warning("t=%.0f %s", now, note)
     actions = reconcile(obs.snapshot, plan)
     backend.apply(actions)
     if memo is not None and obs.generation is not None:
-        if actions:   # our own changes moved the state: decide afresh next cycle
+        if actions or errors:   # our own changes moved the state, or an error: decide afresh next cycle
             memo.plan = None
         else:
             memo.generation, memo.curves, memo.pins, memo.outlook, memo.plan = (
                 obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), outlook, plan)
-    return CycleResult(plan, actions, ms)
+    return CycleResult(plan, actions, ms, set_aside=set_aside, errors=tuple(errors))

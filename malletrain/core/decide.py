@@ -155,11 +155,11 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
     # a job measuring at a wanted count is kept there only within its owner's probes_per_owner
     # (jobs in a rescale pause at a wanted count count first: they cannot be moved)
     limit = config.probes_per_owner
-    at_probe = Counter(_owner(j) for j in jobs if j.job_id in targets
+    at_probe = Counter(owner_of(j) for j in jobs if j.job_id in targets
                        and (c := curves.get(j.job_id)) is not None and j.size in c.wanted)
     for j, r in measuring:
-        if not limit or at_probe[_owner(j)] < limit:
-            at_probe[_owner(j)] += 1
+        if not limit or at_probe[owner_of(j)] < limit:
+            at_probe[owner_of(j)] += 1
             pin(j, r)
     free_jobs = [j for j in jobs if j.job_id not in targets]
 
@@ -204,7 +204,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                                    config, notes)
             # an owner whose jobs' sizes or node types the re-split changed (a swap of types at
             # the same counts records no reason)
-            resplit = frozenset(_owner(j) for j in free_jobs if sizes.get(j.job_id, (None, 0)) != before[j.job_id])
+            resplit = frozenset(owner_of(j) for j in free_jobs if sizes.get(j.job_id, (None, 0)) != before[j.job_id])
         could_run = frozenset(ch.job_id for ch in problem.jobs if any(o.size for o in ch.options))
         for j in free_jobs:
             t, n = sizes.get(j.job_id, (None, 0))
@@ -236,20 +236,20 @@ def _grant_probes(jobs: Sequence[JobState], free_jobs: Sequence[JobState], curve
     granted: set[str] = set()
     held: Counter = Counter()
     for j in jobs:
-        held[_owner(j)] += j.size
+        held[owner_of(j)] += j.size
     shares = _fair_shares(free_jobs, dict(cap))
     probed = [j for j in jobs if j.job_id in targets and j.size
               and (c := curves.get(j.job_id)) is not None and j.size in c.wanted]
     probe_nodes: Counter = Counter()
     for j in probed:
-        probe_nodes[_owner(j), targets[j.job_id][0]] += j.size
+        probe_nodes[owner_of(j), targets[j.job_id][0]] += j.size
     parts = _owner_parts([*free_jobs, *probed], cap + Counter(
         {t: n for (_, t), n in probe_nodes.items() if t is not None}))
 
     # what the unsettled jobs could still take, per (owner, node type or None for any type)
     claims: Counter = Counter()
     for j in free_jobs:
-        claims[_owner(j), j.node_type] += max(1, j.spec.max_nodes)
+        claims[owner_of(j), j.node_type] += max(1, j.spec.max_nodes)
     claimed: Counter = Counter()
     for (_, t), n in claims.items():
         claimed[t] += n
@@ -260,7 +260,7 @@ def _grant_probes(jobs: Sequence[JobState], free_jobs: Sequence[JobState], curve
     def settle(j: JobState) -> None:
         granted.add(j.job_id)
         n = max(1, j.spec.max_nodes)
-        claims[_owner(j), j.node_type] -= n
+        claims[owner_of(j), j.node_type] -= n
         claimed[j.node_type] -= n
 
     def wait(j: JobState, c: Curve, why: str) -> None:
@@ -275,7 +275,7 @@ def _grant_probes(jobs: Sequence[JobState], free_jobs: Sequence[JobState], curve
         p = _probe_size(c, shares(t)[j.job_id]) if t is not None else c.probe
         if p is None:
             return True
-        o = _owner(j)
+        o = owner_of(j)
         over = probing[o] > 0 and t is not None and probe_nodes[o, t] + p > parts(t)[o] + 1e-9
         if limit and probing[o] >= limit:
             wait(j, c, f"its owner has {limit} jobs probing already (probes_per_owner)")
@@ -308,7 +308,7 @@ def _asked(jobs: Sequence[JobState]) -> dict[str, int]:
     """What each owner asks for: the sum of its jobs' ``max_nodes``."""
     asked: dict[str, int] = {}
     for j in jobs:
-        asked[_owner(j)] = asked.get(_owner(j), 0) + max(1, j.spec.max_nodes)
+        asked[owner_of(j)] = asked.get(owner_of(j), 0) + max(1, j.spec.max_nodes)
     return asked
 
 
@@ -343,8 +343,8 @@ def _fair_shares(jobs: Sequence[JobState], cap: Mapping[str, int]) -> Callable[[
     def per_type(t: str) -> dict[str, float]:
         given = _max_min(asked, float(cap.get(t, 0)))
         total = sum(asked.values())
-        return {j.job_id: min(given[_owner(j)], float(cap.get(t, 0)) * asked[_owner(j)] / total)
-                * max(1, j.spec.max_nodes) / asked[_owner(j)] for j in jobs}
+        return {j.job_id: min(given[owner_of(j)], float(cap.get(t, 0)) * asked[owner_of(j)] / total)
+                * max(1, j.spec.max_nodes) / asked[owner_of(j)] for j in jobs}
     return per_type
 
 
@@ -364,7 +364,7 @@ def _probe_size(curve: Curve, share: float) -> int | None:
     return p
 
 
-def _owner(job: JobState) -> str:
+def owner_of(job: JobState) -> str:
     """Whose job it is; a job without an owner (replay) is a party of its own."""
     return job.spec.owner or "\0" + job.job_id
 
@@ -375,7 +375,7 @@ def _round_robin(jobs: Sequence[JobState], held: Counter) -> list[JobState]:
     first job waiting."""
     queues: dict[str, list[JobState]] = {}
     for j in jobs:
-        queues.setdefault(_owner(j), []).append(j)
+        queues.setdefault(owner_of(j), []).append(j)
     queues = dict(sorted(queues.items(), key=lambda kv: held[kv[0]]))    # stable: FIFO among equals
     out: list[JobState] = []
     depth = 0
@@ -482,7 +482,7 @@ def _problem(jobs: Sequence[JobState], curves: Mapping[str, Curve], cap: Counter
             pace = pace_of(j, pool, speeds, s)
         cost = _cost(j, outlook)
         opts = expected_values(j, sizes, rate, cost, unit_weight(j, rate, cfg), cfg.horizon_s, stays, free, pace)
-        if _owner(j) in compared:
+        if owner_of(j) in compared:
             if as_speedup is not cfg:
                 rate = unit_rate(j, curve.rate, as_speedup) if curve is not None else _no_rate
                 equivalents[j.job_id] = expected_values(j, sizes, rate, cost,
@@ -562,7 +562,7 @@ def _differing_owners(jobs: Sequence[JobState], promise: Mapping[str, float]) ->
         return frozenset()
     seen: dict[str, set[float]] = {}
     for j in jobs:
-        seen.setdefault(_owner(j), set()).add(_promise_of(j.job_id, promise))
+        seen.setdefault(owner_of(j), set()).add(_promise_of(j.job_id, promise))
     return frozenset(owner for owner, ps in seen.items() if len(ps) > 1)
 
 
@@ -599,10 +599,10 @@ def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mappi
 
     If the re-split would leave some of the owner's nodes idle (a job without a rate on its
     smallest size is worth nothing in node-equivalents), the allocation stands."""
-    owner_of = {j.job_id: _owner(j) for j in jobs}
+    owners = {j.job_id: owner_of(j) for j in jobs}
     groups: dict[str, list[JobChoice]] = {}
     for ch in problem.jobs:
-        groups.setdefault(owner_of[ch.job_id], []).append(ch)
+        groups.setdefault(owners[ch.job_id], []).append(ch)
     reasons: dict[str, Reason] = {}
     for owner, choices in groups.items():
         if owner not in compared:
@@ -692,12 +692,12 @@ def _place_apart(nodes: Sequence[Node], jobs: Sequence[JobState], targets: Mappi
     ``resplit`` take their rest in one pass (4), so which free nodes one's growing jobs get can
     depend on another re-splitting owner's promises (never the counts)."""
     base = dict(targets)
-    base.update((j.job_id, before[j.job_id]) for j in jobs if j.job_id in before and _owner(j) in resplit)
+    base.update((j.job_id, before[j.job_id]) for j in jobs if j.job_id in before and owner_of(j) in resplit)
     stays, sensitive = outlook.stays, outlook.sensitive
     exposure = _exposure(jobs, base, curves, outlook, cfg) if stays else {}
     first = place(nodes, jobs, base, stays, exposure, sensitive, by_name=pool)
-    mine = [j for j in jobs if _owner(j) in resplit]
-    theirs = [j for j in jobs if _owner(j) not in resplit]
+    mine = [j for j in jobs if owner_of(j) in resplit]
+    theirs = [j for j in jobs if owner_of(j) not in resplit]
     keep = {}
     for j in mine:
         t, n = targets.get(j.job_id, (None, 0))

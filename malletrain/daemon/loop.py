@@ -12,7 +12,11 @@ waited out; the loop never dies of it.  Neither does a store that cannot be
 written (a full disk, a broken file): the daemon then applies nothing (it
 never acts without its write-ahead record), keeps observing and deciding,
 says why in its log, ``status.json`` and ``malletrain_state_writable``, and
-resumes by itself once a write succeeds again.
+resumes by itself once a write succeeds again.  Nor does a bug: the cycle runs contained
+(:mod:`malletrain.core.contain`: the jobs whose data make the decision raise are set aside, the
+others decided), and any other error of a cycle is logged with its traceback, counted
+(``malletrain_cycle_errors_total{kind="internal"}``) and shown in ``status.json``; the next
+cycle runs.
 Between cycles, while it waits, the loop runs Python's full garbage collection when the
 collector is about to want one (:func:`~malletrain.daemon.collect.collect_if_due`), so that
 the pass does not land inside a decision.
@@ -51,6 +55,7 @@ from malletrain.domain.config import FORECAST_POLICIES, Config, load_config
 from malletrain.domain.errors import BackendError, ConfigError, PlanError, StateError
 from malletrain.domain.model import Action, ActionKind, Plan, ReasonCode
 from malletrain.domain.nodes import load_node_info
+from malletrain.domain.text import error_line
 from malletrain.slurm.adapter import Book, SlurmBackend
 from malletrain.slurm.parse import Phase
 from malletrain.slurm.runner import Runner
@@ -87,10 +92,12 @@ class _Journal:
         self.backend, self.store, self.clock = backend, store, clock
         self.cycle = 0
         self.last: Observation | None = None
+        self.observed = -1            # the cycle whose observation ``last`` is
         self.read_only = False        # the store takes no writes: apply nothing
 
     def observe(self) -> Observation:
         self.last = self.backend.observe()
+        self.observed = self.cycle
         return self.last
 
     def apply(self, actions: Sequence[Action]) -> None:
@@ -159,6 +166,7 @@ class Daemon:
         self.cycle = int(self.store.get("cycle", 0))
         self.memo = CycleMemo()
         self.plan: Plan | None = None
+        self.last_errors: tuple[str, ...] = ()   # what the last cycle contained (or the cycle's own error)
         self.reasons: dict[str, Action] = {}
         self.last_cycle: CycleStats | None = None
         self.slurm_down_since: float | None = None
@@ -190,10 +198,11 @@ class Daemon:
         t0 = time.perf_counter()
         self.runner.stats.take()
         result = None
+        self.last_errors = ()
         try:
             self.journal.cycle = self.cycle
             result = run_cycle(self.journal, self.progress, self.source, self.config.core, self.memo,
-                               self.forecast)
+                               self.forecast, contain=True)
         except BackendError as exc:
             self.metrics.cycle_errors.labels(kind="slurm").inc()
             if self.slurm_down_since is None:
@@ -207,7 +216,21 @@ class Daemon:
             log.error("plan rejected, nothing applied: %s", exc)
         except StateError as exc:
             self._state_failed(exc)
+        except Exception as exc:   # noqa: BLE001 - a bug: never a reason to stop serving (SECURITY.md, Containment)
+            self.metrics.cycle_errors.labels(kind="internal").inc()
+            self.last_errors = (f"cycle: {error_line(exc)}",)
+            self.memo = CycleMemo()
+            log.error("the cycle raised, nothing applied (jobs are left as they are): %s", error_line(exc),
+                      exc_info=exc)
+            if self.journal.observed == self.cycle:     # this cycle's observation was taken: lost jobs
+                try:                                    # are still requeued
+                    self._safety_net()
+                except Exception as again:  # noqa: BLE001 - the same bug, or another: logged, never fatal
+                    log.error("the safety net raised too: %s", error_line(again), exc_info=again)
         else:
+            self.last_errors = result.errors
+            for kind in sorted({e.split(":", 1)[0] for e in result.errors}):
+                self.metrics.cycle_errors.labels(kind=kind).inc()
             if self.slurm_down_since is not None:
                 log.info("Slurm is back after %.0fs", self.clock() - self.slurm_down_since)
                 self.slurm_down_since = None
@@ -235,7 +258,8 @@ class Daemon:
         self.notifier.status(status_line(
             self.cycle, self.config.daemon.interval_s, self.backend.idle_nodes, len(running),
             sum(len(r.nodes) for r in running), cycle_s * 1000.0,
-            slurm_up=self.slurm_down_since is None, state_writable=self.store_down_since is None))
+            slurm_up=self.slurm_down_since is None, state_writable=self.store_down_since is None,
+            errors=len(self.last_errors)))
 
     def _safety_net(self) -> None:
         """Requeue what ended without a result or hung (never while the store is read-only)."""
@@ -369,7 +393,11 @@ class Daemon:
                 started = time.monotonic()
                 if self._reload:
                     self._do_reload()
-                self.cycle_once()
+                try:
+                    self.cycle_once()
+                except Exception as exc:   # noqa: BLE001 - a bug outside the cycle's own containment:
+                    self.metrics.cycle_errors.labels(kind="internal").inc()     # the next cycle still runs
+                    log.error("cycle %d raised: %s", self.cycle, error_line(exc), exc_info=exc)
                 collect_if_due()
                 self._wake.wait(max(0.0, self.config.daemon.interval_s - (time.monotonic() - started)))
                 self._wake.clear()
@@ -519,7 +547,7 @@ class Daemon:
             state_writable=self.store_down_since is None, state_error=self.store_error,
             excluded_nodes={n: f"until {until:.0f}: {why}"
                             for n, (until, why) in sorted(self.recovery.excluded.items())},
-            failures=dict(self.recovery.failures), outcomes=self.ledger.outcomes())
+            failures=dict(self.recovery.failures), outcomes=self.ledger.outcomes(), errors=self.last_errors)
 
     def _write_status(self, result: CycleResult | None) -> None:
         try:

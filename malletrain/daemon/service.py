@@ -101,8 +101,10 @@ class DaemonMetrics:
         self.commands_last_cycle = Gauge("malletrain_slurm_commands_last_cycle",
                                          "Slurm commands in the last cycle", ["kind"], registry=r)
         self.slurm_up = Gauge("malletrain_slurm_up", "1 when the last cycle reached Slurm", registry=r)
-        self.cycle_errors = Counter("malletrain_cycle_errors_total", "Cycles that failed", ["kind"],
-                                    registry=r)
+        self.cycle_errors = Counter("malletrain_cycle_errors_total",
+                                    "Cycles with an error, by kind: slurm, plan, state, status (failed); "
+                                    "forecasts, curves, decide (contained, the others decided), internal",
+                                    ["kind"], registry=r)
         self.reload_failures = Counter("malletrain_reload_failures_total",
                                        "Config reloads rejected (the old config stays)", registry=r)
         self.progress_skipped = Counter("malletrain_progress_lines_skipped_total",
@@ -391,7 +393,7 @@ class Notifier:
 
 
 def status_line(cycle: int, interval_s: float, idle_nodes: int, running_jobs: int, held_nodes: int,
-                cycle_ms: float, *, slurm_up: bool = True, state_writable: bool = True) -> str:
+                cycle_ms: float, *, slurm_up: bool = True, state_writable: bool = True, errors: int = 0) -> str:
     """The service's one-line status after a cycle, e.g. ``cycle 12 (every 10s): 3 idle
     node(s), 2 malleable job(s) on 5 node(s), last cycle 41 ms``."""
     text = (f"cycle {cycle} (every {interval_s:g}s): {idle_nodes} idle node(s), {running_jobs} malleable "
@@ -400,4 +402,6 @@ def status_line(cycle: int, interval_s: float, idle_nodes: int, running_jobs: in
         text += "; Slurm unreachable, jobs left as they are"
     if not state_writable:
         text += "; state store read-only, applying nothing"
+    if errors:
+        text += f"; {errors} error(s) contained in the last cycle (see malletrain status)"
     return text

@@ -145,6 +145,9 @@ class DaemonStatus:
     excluded_nodes: dict[str, str] = field(default_factory=dict)   # node -> until/why (safety net)
     failures: dict[str, int] = field(default_factory=dict)         # job -> failures so far
     outcomes: Outcomes | None = None    # completions, completion time, wait, fairness over users
+    # what the last cycle contained ("forecasts: …", "curves: job 7: …", "decide: …") or, "cycle: …",
+    # the error that stopped it; jobs set aside carry the reason code set-aside (SECURITY.md, Containment)
+    errors: tuple[str, ...] = ()
 
     def job(self, job_id: str) -> JobStatus | None:
         return next((j for j in self.jobs if j.job == job_id), None)
@@ -226,7 +229,8 @@ def status_from_dict(doc: dict[str, Any]) -> DaemonStatus:
         for j in doc["jobs"])
     lc = doc["last_cycle"]
     oc = doc.get("outcomes")
-    return _build(DaemonStatus, dict(doc, vacating=tuple(doc["vacating"]), counters=_build(Counters, doc["counters"]),
+    return _build(DaemonStatus, dict(doc, vacating=tuple(doc["vacating"]), errors=tuple(doc.get("errors", ())),
+                                     counters=_build(Counters, doc["counters"]),
                                      last_cycle=None if lc is None else _build(CycleStats, lc), jobs=jobs,
                                      outcomes=None if oc is None else _build(Outcomes, oc)))
 

@@ -72,6 +72,7 @@ class ReasonCode(enum.Enum):
     FINISHED = "finished"                # cancel: its work ended 'done' as it was being stopped or preempted
     STARVING = "starving"                # start at min_nodes: it waited starvation_s while others ran
     PROMISE = "promise"                  # its owner's nodes, re-split among the owner's jobs by their promise
+    SET_ASIDE = "set-aside"              # keep as is: deciding it raised (a bug its data triggers; core.contain)
 
 
 class ActionKind(enum.Enum):

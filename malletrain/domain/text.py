@@ -24,3 +24,10 @@ def clipped(value: object, limit: int = 60) -> str:
         return f"an integer of about {math.floor(math.log10(abs(value))) + 1} digits"
     text = shown(repr(value))
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """``Type: message`` of an exception, made safe (:func:`shown`) and cut to ``limit``
+    characters: what a reason, a note or a status line says of an error."""
+    text = shown(f"{type(exc).__name__}: {exc}")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
