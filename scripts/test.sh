@@ -25,4 +25,5 @@ fi
 BASE="$(mktemp -d /tmp/malletrain-tests.XXXXXX)"
 chmod 711 "$BASE"
 trap 'rm -rf "$BASE"' EXIT
-python -m pytest -q -p no:cacheprovider --basetemp "$BASE/t" "$@"
+# --durations: the slowest tests, so that the run's ~45 minutes can be watched where they go
+python -m pytest -q -p no:cacheprovider --durations=30 --basetemp "$BASE/t" "$@"

@@ -1,27 +1,35 @@
 """Containment (SECURITY.md, "Containment"; ``malletrain.core.contain``): a bug that one owner's jobs
-trigger in the decision, the curves or the forecasts sets that owner's jobs aside (kept as they are)
-and the others are decided; the daemon never stops over it and says what it contained.
+trigger in the decision, a curve, the JPA, the promises or the forecasts sets that owner's jobs aside
+(kept as they are, for a while) and the others are decided; the daemon never stops over it, and says
+what it contained.
 
-The bugs are injected where a job's own data reaches the real code (``decide``'s pause lookup, the
-JPA's curve, the availability model), so the real decision runs around them.
+The bugs are injected where a job's own data reaches the real code (``decide``'s first look at a
+job, the JPA's curve, the availability model), so the real decision runs around them.
 """
+import logging
+import math
+
 import pytest
 
+import malletrain.core.contain as contain_mod
+import malletrain.core.cycle as cycle_mod
 import malletrain.core.decide as decide_mod
 from malletrain.core.backend import Observation
-from malletrain.core.contain import decide_contained
+from malletrain.core.contain import MAX_TRIES, decide_contained
 from malletrain.core.curves import CurveSource
 from malletrain.core.cycle import CycleMemo, reconcile, run_cycle
-from malletrain.core.decide import decide
+from malletrain.core.decide import decide, plan_violation
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.model import (
+    NO_OUTLOOK,
     ActionKind,
     Curve,
     CurvePoint,
     JobSpec,
     JobState,
     Node,
+    Plan,
     ReasonCode,
     Snapshot,
 )
@@ -43,14 +51,26 @@ def nodes(n):
 
 def _raising_for(monkeypatch, bad):
     """``decide`` raises as it looks at any job that ``bad(job)`` picks (its first step, whatever
-    the policy: as a bug that job's data triggers)."""
+    the policy: as a bug that job's data triggers); the message names the job's owner."""
     real = decide_mod._pinned_reason
 
     def pinned_reason(j, *a, **k):
         if bad(j):
-            raise ValueError(f"injected bug for job {j.job_id}")
+            raise ValueError(f"injected bug, {j.spec.owner}'s job {j.job_id}")
         return real(j, *a, **k)
     monkeypatch.setattr(decide_mod, "_pinned_reason", pinned_reason)
+
+
+def _decisions(monkeypatch):
+    """Counts the decisions ``decide_contained`` makes."""
+    calls = []
+    real = contain_mod.decide
+
+    def counted(snapshot, *a, **k):
+        calls.append(len(snapshot.jobs))
+        return real(snapshot, *a, **k)
+    monkeypatch.setattr(contain_mod, "decide", counted)
+    return calls
 
 
 def _case():
@@ -60,11 +80,13 @@ def _case():
     return Snapshot(100.0, nodes(8), jobs), {j.job_id: curve() for j in jobs}
 
 
-def test_without_an_error_the_contained_decision_is_decide_itself():
+def test_without_an_error_the_contained_decision_is_decide_itself(monkeypatch):
     snap, curves = _case()
+    calls = _decisions(monkeypatch)
     got = decide_contained(snap, curves, CFG)
     assert got.plan == decide(snap, curves, CFG)
-    assert got.error is None and not got.set_aside and not got.held
+    assert got.errors == () and not got.set_aside and not got.held
+    assert calls == [4]                                # one decision, nothing more
     standing = decide(snap, curves, CFG)
     assert decide_contained(snap, curves, CFG, standing=standing).plan == decide(snap, curves, CFG, standing=standing)
 
@@ -75,7 +97,7 @@ def test_one_owners_bug_sets_aside_only_that_owners_jobs(monkeypatch):
     with pytest.raises(ValueError):
         decide(snap, curves, CFG)               # uncontained, as replay runs it: the bug fails the run
     got = decide_contained(snap, curves, CFG)
-    assert isinstance(got.error, ValueError) and not got.held
+    assert [str(e) for e in got.errors] == ["injected bug, mallory's job m1"] and not got.held
     assert set(got.set_aside) == {"m1", "m2"}
     acts = {a.job_id: a for a in got.plan.actions}
     assert [a.job_id for a in got.plan.actions] == ["m1", "a1", "m2", "a2"]    # the snapshot's order
@@ -94,6 +116,25 @@ def test_one_owners_bug_sets_aside_only_that_owners_jobs(monkeypatch):
     reconcile(snap, got.plan)                   # a plan the cycle applies
 
 
+def test_each_owner_set_aside_is_told_its_own_error_and_the_search_is_short(monkeypatch):
+    """Among 300 owners, the two whose jobs raise are found by halving in few decisions, and each
+    is told the error its own jobs raised (never another user's text)."""
+    jobs = tuple(job(f"j{i}", f"u{i}", (f"n{i}",)) for i in range(300))
+    snap = Snapshot(5.0, nodes(320), jobs)
+    curves = {j.job_id: curve() for j in jobs}
+    _raising_for(monkeypatch, lambda j: j.spec.owner in ("u17", "u250"))
+    calls = _decisions(monkeypatch)
+    got = decide_contained(snap, curves, CFG)
+    assert set(got.set_aside) == {"j17", "j250"} and not got.held
+    reasons = {a.job_id: a.reason for a in got.plan.actions}
+    assert "u17's job j17" in reasons["j17"] and "u250" not in reasons["j17"]
+    assert "u250's job j250" in reasons["j250"] and "u17" not in reasons["j250"]
+    assert {str(e) for e in got.errors} == {"injected bug, u17's job j17", "injected bug, u250's job j250"}
+    assert len(calls) <= 2 + 1 + 2 * 2 * math.ceil(math.log2(300))      # first, pool, two halvings, the rest
+    assert sum(calls) < 6 * len(jobs)               # the halves shrink: a few full decisions' worth of jobs
+    assert plan_violation(snap, got.plan) is None
+
+
 def test_a_bug_every_owner_triggers_leaves_every_job_as_it_is(monkeypatch):
     snap, curves = _case()
     _raising_for(monkeypatch, lambda j: True)
@@ -102,6 +143,20 @@ def test_a_bug_every_owner_triggers_leaves_every_job_as_it_is(monkeypatch):
     assert got.plan.changes() == ()
     assert got.plan.allocations == {"m1": ("n0", "n1"), "a1": ("n2",), "m2": (), "a2": ()}
     assert "for every owner's jobs" in got.set_aside["a1"]
+
+
+def test_a_bug_the_pool_alone_triggers_is_nobodys(monkeypatch):
+    snap, curves = _case()
+    real = decide_mod.pool_index
+
+    def broken(nodes):
+        raise OverflowError("injected: the pool")
+    monkeypatch.setattr(decide_mod, "pool_index", broken)
+    calls = _decisions(monkeypatch)
+    got = decide_contained(snap, curves, CFG)
+    monkeypatch.setattr(decide_mod, "pool_index", real)
+    assert got.held and "the pool alone triggers it" in got.set_aside["a1"]
+    assert len(calls) == 2                          # every job, then no job: no search over the owners
 
 
 def test_a_bug_only_two_owners_trigger_together_leaves_every_job_as_it_is(monkeypatch):
@@ -118,21 +173,54 @@ def test_a_bug_only_two_owners_trigger_together_leaves_every_job_as_it_is(monkey
     assert "no one owner's jobs alone did" in got.set_aside["m1"]
 
 
-def test_a_set_aside_job_left_below_min_nodes_stops_and_the_plan_passes_reconcile(monkeypatch):
-    # mallory's job held n0-n2 with min_nodes 3; n2 left the pool (a primary job took it)
-    jobs = (job("m1", "mallory", ("n0", "n1", "n2"), lo=3), job("m2", "mallory", ("n4", "n5"), lo=1),
+def test_a_search_that_runs_out_of_tries_leaves_every_job_as_it_is(monkeypatch):
+    jobs = tuple(job(f"j{i}", f"u{i}") for i in range(200))
+    snap = Snapshot(5.0, nodes(10), jobs)
+    _raising_for(monkeypatch, lambda j: int(j.job_id[1:]) % 2 == 0)     # half the owners
+    calls = _decisions(monkeypatch)
+    got = decide_contained(snap, {j.job_id: curve() for j in jobs}, CFG)
+    assert got.held and f"not found in {MAX_TRIES} tries" in got.set_aside["j1"]
+    assert len(calls) == 1 + MAX_TRIES
+
+
+def test_a_plan_that_breaks_the_invariants_counts_as_one_that_raised(monkeypatch):
+    snap, curves = _case()
+    real = contain_mod.decide
+
+    def corrupt(snapshot, *a, **k):
+        plan = real(snapshot, *a, **k)
+        if any(j.spec.owner == "mallory" for j in snapshot.jobs):     # gives one node to two jobs
+            allocations = dict(plan.allocations)
+            allocations["m2"] = allocations["m1"][:1]
+            plan = Plan(plan.now_s, allocations, plan.actions)
+        return plan
+    monkeypatch.setattr(contain_mod, "decide", corrupt)
+    got = decide_contained(snap, curves, CFG)
+    assert set(got.set_aside) == {"m1", "m2"} and "assigned twice" in got.set_aside["m1"]
+    assert plan_violation(snap, got.plan) is None
+
+
+def test_a_set_aside_job_keeps_at_most_its_max_nodes_each_node_once_and_stops_below_min(monkeypatch):
+    # m1 holds 4 nodes but its tag now says at most 2; m2 lists n4 twice and n5, which m3 lists too;
+    # m4 held n7-n9 with min_nodes 3 and n9 left the pool (a primary job took it)
+    jobs = (job("m1", "mallory", ("n0", "n1", "n2", "n3"), hi=2), job("m2", "mallory", ("n4", "n4", "n5")),
+            job("m3", "mallory", ("n5", "n6")), job("m4", "mallory", ("n7", "n8", "n9"), lo=3),
             job("a1", "alice"))
-    pool = tuple(n for n in nodes(6) if n.name != "n2")
-    snap = Snapshot(50.0, pool, jobs)
+    snap = Snapshot(50.0, tuple(n for n in nodes(12) if n.name != "n9"), jobs)
     curves = {j.job_id: curve() for j in jobs}
     _raising_for(monkeypatch, lambda j: j.spec.owner == "mallory")
     got = decide_contained(snap, curves, CFG)
     acts = {a.job_id: a for a in got.plan.actions}
-    assert acts["m1"].kind is ActionKind.STOP and got.plan.allocations["m1"] == ()
-    assert acts["m2"].kind is ActionKind.KEEP and got.plan.allocations["m2"] == ("n4", "n5")
-    # alice gets the one node no set-aside job held (m1's go back to the pool once it stopped)
-    assert got.plan.allocations["a1"] == ("n3",)
+    assert got.plan.allocations["m1"] == ("n0", "n1") and acts["m1"].kind is ActionKind.SHRINK
+    assert got.plan.allocations["m2"] == ("n4", "n5") and got.plan.allocations["m3"] == ("n6",)
+    assert got.plan.allocations["m4"] == () and acts["m4"].kind is ActionKind.STOP
+    assert "min_nodes=3" in acts["m4"].reason
+    # alice gets the nodes no set-aside job held (m1's n2-n3 and m4's n7-n8 go back once they shrank)
+    assert set(got.plan.allocations["a1"]) == {"n10", "n11"}
+    assert plan_violation(snap, got.plan) is None
     reconcile(snap, got.plan)
+    held = decide_contained(snap, curves, CFG, expired=frozenset({"m3"}))       # m3 kept its node long enough
+    assert held.plan.allocations["m3"] == () and "long enough" in {a.job_id: a for a in held.plan.actions}["m3"].reason
 
 
 def test_a_job_whose_curve_raises_is_set_aside_and_named(monkeypatch):
@@ -151,11 +239,11 @@ def test_a_job_whose_curve_raises_is_set_aside_and_named(monkeypatch):
         src.curves(snap)                              # uncontained: raised, as before
     failed: dict = {}
     got = src.curves(snap, failed)
-    assert set(got) == {"8"} and failed == {"7": "ZeroDivisionError: injected: a fit on her samples"}
+    assert set(got) == {"8"} and list(failed) == ["7"] and isinstance(failed["7"], ZeroDivisionError)
     plan = decide_contained(snap, got, cfg, broken=failed).plan
     acts = {a.job_id: a for a in plan.actions}
     assert acts["7"].code is ReasonCode.SET_ASIDE and plan.allocations["7"] == ("n0",)
-    assert "its curve could not be computed" in acts["7"].reason
+    assert "its curve could not be computed (ZeroDivisionError: injected: a fit on her samples)" in acts["7"].reason
     assert acts["8"].code is not ReasonCode.SET_ASIDE and "n0" not in plan.allocations["8"]
 
 
@@ -181,24 +269,81 @@ class _Metrics:
         return {}
 
 
-def test_a_cycle_whose_forecasts_raise_decides_without_them(monkeypatch):
-    cfg = CoreConfig(policy="oracle")
+def _outlooks(monkeypatch):
+    """The outlook every contained decision is handed."""
+    seen = []
+    real = cycle_mod.decide_contained
+
+    def recorded(snapshot, curves, config, outlook, *a, **k):
+        seen.append(outlook)
+        return real(snapshot, curves, config, outlook, *a, **k)
+    monkeypatch.setattr(cycle_mod, "decide_contained", recorded)
+    return seen
+
+
+@pytest.mark.parametrize("where", ["ingest", "outlook"])
+def test_a_cycle_whose_forecasts_raise_decides_without_them(monkeypatch, caplog, where):
+    cfg = CoreConfig(policy="malletrain", learn_rescale=True)
     snap, _ = _case()
-    truths = {j.job_id: (lambda n: 100.0 * n) for j in snap.jobs}
     forecast = ForecastSource(cfg)
 
     def broken(*a, **k):
-        raise IndexError("injected: the availability model")
-    monkeypatch.setattr(forecast.history, "observe", broken)
+        raise IndexError("injected: the forecasts")
+    monkeypatch.setattr(forecast, where, broken)
     with pytest.raises(IndexError):              # replay: uncontained
-        run_cycle(_Backend(snap), _Metrics(), CurveSource(cfg, truths), cfg, CycleMemo(), forecast)
+        run_cycle(_Backend(snap), _Metrics(), CurveSource(cfg), cfg, CycleMemo(), forecast)
+    seen = _outlooks(monkeypatch)
     backend, memo = _Backend(snap), CycleMemo()
-    res = run_cycle(backend, _Metrics(), CurveSource(cfg, truths), cfg, memo, forecast, contain=True)
-    assert res.errors == ("forecasts: IndexError: injected: the availability model",)
-    assert res.plan == decide(snap, CurveSource(cfg, truths).curves(snap), cfg)     # no outlook
+    with caplog.at_level(logging.ERROR, logger="malletrain.cycle"):
+        res = run_cycle(backend, _Metrics(), CurveSource(cfg), cfg, memo, forecast, contain=True)
+    assert res.errors == ("forecasts: IndexError: injected: the forecasts",)
+    assert seen == [NO_OUTLOOK]                   # decided without them
+    assert any(r.exc_info for r in caplog.records)    # with the traceback
     assert memo.plan is None                      # decided afresh (and reported) next cycle
-    again = run_cycle(backend, _Metrics(), CurveSource(cfg, truths), cfg, memo, forecast, contain=True)
+    again = run_cycle(backend, _Metrics(), CurveSource(cfg), cfg, memo, forecast, contain=True)
     assert not again.reused and again.errors == res.errors
+    monkeypatch.undo()
+    fine = ForecastSource(cfg)                     # without the bug the outlook is the model's (a control)
+    seen = _outlooks(monkeypatch)
+    run_cycle(_Backend(snap), _Metrics(), CurveSource(cfg), cfg, CycleMemo(), fine, contain=True)
+    assert seen[0] is not NO_OUTLOOK and seen[0] == fine.outlook(snap)
+
+
+def test_a_cycle_contains_the_promises_and_the_jpa(monkeypatch):
+    cfg = CoreConfig(policy="malletrain", promise=True)
+    snap, _ = _case()
+
+    class Bad(_Metrics):
+        def promises(self):
+            raise TypeError("injected: a promise")
+    src = CurveSource(cfg)
+    monkeypatch.setattr(src.advisor, "add_many", lambda samples: 1 / 0)
+    res = run_cycle(_Backend(snap), Bad(), src, cfg, CycleMemo(), None, contain=True)
+    assert res.errors == ("jpa: ZeroDivisionError: division by zero", "promises: TypeError: injected: a promise")
+    assert plan_violation(snap, res.plan) is None and not res.set_aside
+
+
+def test_a_curve_that_raises_in_a_cycle_sets_its_job_aside_until_it_kept_its_nodes_long_enough(monkeypatch):
+    cfg = CoreConfig(policy="malletrain", probe_timeout_s=600.0)
+    snap, _ = _case()
+    src = CurveSource(cfg)
+    real = src.advisor.curve
+
+    def learned(job_id, *a, **k):
+        if job_id == "m1":
+            raise ArithmeticError("injected: her fit")
+        return real(job_id, *a, **k)
+    monkeypatch.setattr(src.advisor, "curve", learned)
+    backend, memo = _Backend(snap), CycleMemo()
+    res = run_cycle(backend, _Metrics(), src, cfg, memo, None, contain=True)
+    assert res.errors == ("curves: job m1: ArithmeticError: injected: her fit",)
+    assert res.set_aside.keys() == {"m1"} and res.plan.allocations["m1"] == ("n0", "n1")
+    assert memo.aside_since == {"m1": 100.0}
+    backend.snap = Snapshot(699.0, snap.nodes, snap.jobs)
+    assert run_cycle(backend, _Metrics(), src, cfg, memo, None, contain=True).plan.allocations["m1"] == ("n0", "n1")
+    backend.snap = Snapshot(700.0, snap.nodes, snap.jobs)    # kept them probe_timeout_s: stops
+    res = run_cycle(backend, _Metrics(), src, cfg, memo, None, contain=True)
+    assert res.plan.allocations["m1"] == () and ("m1", ActionKind.STOP) in {(a.job_id, a.kind) for a in res.actions}
 
 
 def test_a_contained_cycle_without_errors_is_the_plain_cycle():
@@ -212,18 +357,22 @@ def test_a_contained_cycle_without_errors_is_the_plain_cycle():
     assert contained.errors == () and not contained.set_aside
 
 
-def test_the_daemon_serves_alice_while_mallorys_jobs_make_decide_raise(tmp_path, monkeypatch, caplog):
-    """End to end through the daemon's cycle on the fake Slurm: the bug's owner is set aside, the
-    other user's job starts, the daemon says what it contained (status, metrics, log), and
-    ``cycle_once`` never raises; an error outside the decision is contained too."""
+def _two_users():
     from helpers import FakeSlurm, held_job
-    from test_daemon_units import _daemon
-
-    import malletrain.core.cycle as cycle_mod
-    from malletrain.daemon.status import read_status
     fake = FakeSlurm()
     held_job(fake, "7", uid=1001, user="mallory")
     held_job(fake, "8", uid=1000, user="alice")
+    return fake
+
+
+def test_the_daemon_serves_alice_while_mallorys_jobs_make_decide_raise(tmp_path, monkeypatch, caplog):
+    """End to end through the daemon's cycle on the fake Slurm: the bug's owner is set aside, the
+    other user's job starts, the daemon says what it contained (status, metrics, log, service
+    status line), and ``cycle_once`` never raises; an error outside the decision is contained too."""
+    from test_daemon_units import _daemon
+
+    from malletrain.daemon.status import read_status
+    fake = _two_users()
     _raising_for(monkeypatch, lambda j: j.spec.owner == "1001")       # an owner is a uid
     d, _ = _daemon(tmp_path, fake)
     said: list = []
@@ -233,22 +382,52 @@ def test_the_daemon_serves_alice_while_mallorys_jobs_make_decide_raise(tmp_path,
         released = [c[2] for c in fake.calls if c[:2] == ["scontrol", "release"]]
         assert released == ["8"]                          # alice's job starts; mallory's waits
         st = read_status(str(tmp_path / "state" / "status.json"))
-        assert st.errors and st.errors[0].startswith("decide: ValueError: injected bug for job 7")
+        assert st.errors == ("decide: ValueError: injected bug, 1001's job 7",)
         assert st.job("7").reason_code == "set-aside" and st.job("8").reason_code != "set-aside"
         assert d.metrics.cycle_errors.labels(kind="decide")._value.get() == 1
         assert "1 error(s) contained in the last cycle" in said[-1]
-        logged = [r for r in caplog.records if "decide raised" in r.getMessage()]
+        logged = [r for r in caplog.records if "contained an error in decide" in r.getMessage()]
         assert logged and logged[0].exc_info is not None       # the traceback, for whoever fixes the bug
 
         def broken(*a, **k):
             raise KeyError("injected: outside the decision")
-        monkeypatch.setattr(cycle_mod, "placed", broken)
+        monkeypatch.setattr(cycle_mod, "reconcile", broken)
         assert d.cycle_once() is None                      # contained: no plan, nothing applied
         st = read_status(str(tmp_path / "state" / "status.json"))
-        assert st.errors == ("cycle: KeyError: 'injected: outside the decision'",)
+        assert st.errors == ("internal: KeyError: 'injected: outside the decision'",)
         assert d.metrics.cycle_errors.labels(kind="internal")._value.get() == 1
         monkeypatch.undo()
         d.cycle_once()                                     # the bug gone: no error left in the status
         assert read_status(str(tmp_path / "state" / "status.json")).errors == ()
+    finally:
+        d.store.close()
+
+
+def test_the_daemon_whose_curve_raises_still_writes_its_status_and_pings_the_watchdog(tmp_path, monkeypatch):
+    """A curve that raises in the cycle is contained there, and must not raise again where the
+    status is written (it did in a first version: no status, no watchdog ping, systemd's restart)."""
+    from test_daemon_units import _daemon
+
+    from malletrain.daemon.status import read_status
+    fake = _two_users()
+    d, _ = _daemon(tmp_path, fake)
+    real = d.source.advisor.curve
+
+    def learned(job_id, *a, **k):
+        if job_id == "7":
+            raise ZeroDivisionError("injected: a fit on her samples")
+        return real(job_id, *a, **k)
+    monkeypatch.setattr(d.source.advisor, "curve", learned)
+    pings: list = []
+    monkeypatch.setattr(d.notifier, "watchdog", lambda: pings.append(1))
+    try:
+        for _ in range(2):
+            d.cycle_once()
+        st = read_status(str(tmp_path / "state" / "status.json"))
+        assert pings == [1, 1] and st.cycle == d.cycle
+        assert st.errors == ("curves: job 7: ZeroDivisionError: injected: a fit on her samples",)
+        assert st.job("7").reason_code == "set-aside"
+        assert [c[2] for c in fake.calls if c[:2] == ["scontrol", "release"]] == ["8"]
+        assert d.metrics.cycle_errors.labels(kind="internal")._value.get() == 0
     finally:
         d.store.close()

@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 from malletrain.core.decide import size_grid
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.model import Curve, CurvePoint, JobState, Sample, Snapshot
-from malletrain.domain.text import error_line
 from malletrain.jpa.advisor import Advisor
 
 TruthFn = Callable[[int], float]
@@ -68,10 +67,10 @@ class CurveSource:
             self._probes.pop(job, None)
             self._quiet.pop(job, None)
 
-    def curves(self, snapshot: Snapshot, failed: dict[str, str] | None = None) -> dict[str, Curve]:
+    def curves(self, snapshot: Snapshot, failed: dict[str, Exception] | None = None) -> dict[str, Curve]:
         """Every job's curve.  ``failed`` given (the daemon's contained cycle, :mod:`malletrain.core.contain`):
-        a job whose curve raises is left out and named there with the error, instead of the call
-        raising (a bug a job's samples trigger then stops no other job's decision)."""
+        a job whose curve raises is left out and named there with the exception, instead of the
+        call raising (a bug a job's samples trigger then stops no other job's decision)."""
         policy = self.config.policy
         if policy == "static":
             return {}
@@ -83,7 +82,7 @@ class CurveSource:
             except Exception as exc:    # noqa: BLE001 - contained where asked, re-raised otherwise
                 if failed is None:
                     raise
-                failed[job.job_id] = error_line(exc)
+                failed[job.job_id] = exc
         return out
 
     def probe_misses(self, job_id: str) -> int:

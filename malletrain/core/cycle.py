@@ -3,22 +3,23 @@
 This is the shell around the pure core: it talks to the backend and measures
 the decision latency; ``decide`` and ``reconcile`` do no I/O.  The daemon runs it
 ``contain``-ed (:mod:`malletrain.core.contain`): a job whose curve raises, or whose owner's jobs
-make ``decide`` raise, is set aside and the others are decided; forecasts that raise leave the
-cycle deciding without them.  Each such error is logged with its traceback and returned in the
-:class:`CycleResult`.  Replay never contains: a bug fails the run.
+make ``decide`` raise, is set aside (for at most ``probe_timeout_s`` with its nodes, counted in the
+memo) and the others are decided; the JPA's ingest, the promises or the forecasts that raise leave
+the cycle going without them.  Each distinct error is logged with its traceback and returned in
+the :class:`CycleResult`.  Replay never contains: a bug fails the run.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.contain import decide_contained
 from malletrain.core.curves import CurveSource
-from malletrain.core.decide import decide, pool_index, protected, starving
+from malletrain.core.decide import decide, plan_violation, protected, starving
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
@@ -36,7 +37,7 @@ class CycleResult:
     reused: bool = False      # inputs unchanged: the previous plan stands
     stood: bool = False       # only the node stays moved, and decide found the previous plan stands
     # a contained cycle (the daemon's): jobs set aside (job -> why), and the errors it contained,
-    # one line each, "KIND: text" with KIND one of forecasts, curves, decide
+    # one line each, "KIND: text" with KIND one of jpa, forecasts, promises, curves, decide
     set_aside: Mapping[str, str] = field(default_factory=dict)
     errors: tuple[str, ...] = ()
 
@@ -59,6 +60,7 @@ class CycleMemo:
     pins: tuple = ()
     outlook: Outlook = NO_OUTLOOK
     plan: Plan | None = None
+    aside_since: dict[str, float] = field(default_factory=dict)   # contained cycles: job -> set aside since
 
 
 def _pins(snapshot: Snapshot, config: CoreConfig) -> tuple:
@@ -79,27 +81,12 @@ def _only_stays_moved(before: Outlook, now: Outlook) -> bool:
 
 
 def reconcile(snapshot: Snapshot, plan: Plan) -> tuple[Action, ...]:
-    """The changes to apply, after checking the plan's invariants.
-
-    Every assigned node is in the harvestable pool and assigned once; no job
-    exceeds ``max_nodes`` or runs below ``min_nodes``.
-    """
-    pool = pool_index(snapshot.nodes)[0]      # (kept per pool tuple: decide read the same one)
-    specs = {j.job_id: j.spec for j in snapshot.jobs}
-    seen: set[str] = set()
-    for job_id, nodes in plan.allocations.items():
-        spec = specs.get(job_id)
-        if spec is None:
-            raise PlanError(f"plan names unknown job {job_id}")
-        if nodes and not (spec.min_nodes <= len(nodes) <= spec.max_nodes):
-            raise PlanError(f"job {job_id}: {len(nodes)} nodes outside "
-                            f"[{spec.min_nodes}, {spec.max_nodes}]")
-        for n in nodes:
-            if n not in pool:
-                raise PlanError(f"job {job_id}: node {n} is not harvestable")
-            if n in seen:
-                raise PlanError(f"node {n} assigned twice")
-            seen.add(n)
+    """The changes to apply, after checking the plan's invariants (:func:`plan_violation`: every
+    assigned node is in the harvestable pool and assigned once; no job exceeds ``max_nodes`` or
+    runs below ``min_nodes``)."""
+    why = plan_violation(snapshot, plan)
+    if why is not None:
+        raise PlanError(why)
     return plan.changes()
 
 
@@ -131,44 +118,65 @@ def placed(samples: tuple[Sample, ...], snapshot: Snapshot) -> tuple[Sample, ...
 
 
 T = TypeVar("T")
+MAX_ERRORS = 10     # error lines a cycle reports (the rest are counted in one more line)
 
 
-def _forecasts(contain: bool, errors: list[str], now_s: float, step: Callable[[], T]) -> T | None:
-    """``step()``; in a contained cycle an exception is logged and noted instead (None)."""
+def _guarded(contain: bool, failed: list[tuple[str, Exception]], kind: str, step: Callable[[], T], fallback: T) -> T:
+    """``step()``; in a contained cycle an exception is kept in ``failed`` with its ``kind`` and
+    ``fallback`` returned instead."""
     if not contain:
         return step()
     try:
         return step()
-    except Exception as exc:    # noqa: BLE001 - contained: the cycle decides without forecasts
-        log.error("t=%.0f the forecasts raised, deciding without them: %s", now_s, error_line(exc), exc_info=exc)
-        errors.append(f"forecasts: {error_line(exc)}")
-        return None
+    except Exception as exc:    # noqa: BLE001 - contained: logged with its traceback by the cycle
+        failed.append((kind, exc))
+        return fallback
+
+
+def _report(now_s: float, failed: Sequence[tuple[str, Exception]]) -> tuple[str, ...]:
+    """Log each contained error once with its traceback; the cycle's lines ``KIND: text``, at most
+    ``MAX_ERRORS`` of them."""
+    seen: set = set()
+    lines = []
+    for kind, exc in failed:
+        key = (kind, type(exc), str(exc))
+        if key in seen:
+            continue
+        seen.add(key)
+        log.error("t=%.0f contained an error in %s (the others are decided): %s", now_s, kind, error_line(exc),
+                  exc_info=exc)
+        lines.append(f"{kind}: {error_line(exc)}")
+    if len(lines) > MAX_ERRORS:
+        lines[MAX_ERRORS:] = [f"... and {len(lines) - MAX_ERRORS} more"]
+    return tuple(lines)
 
 
 def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
               memo: CycleMemo | None = None, forecast: ForecastSource | None = None,
               contain: bool = False) -> CycleResult:
-    """One cycle.  ``contain`` (the daemon): errors of the curves, the forecasts and ``decide`` are
-    contained (module docstring) instead of raised."""
+    """One cycle.  ``contain`` (the daemon): what the JPA's ingest, the forecasts, the promises, a
+    job's curve or ``decide`` raise is contained (module docstring) instead of raised."""
     obs = backend.observe()
     now = obs.snapshot.now_s
-    samples = placed(tuple(metrics.poll(obs)), obs.snapshot)
-    source.ingest(samples, obs.profiles(), obs.finished)
+    failed: list[tuple[str, Exception]] = []
+    raw = tuple(metrics.poll(obs))
+    samples = _guarded(contain, failed, "jpa", lambda: placed(raw, obs.snapshot), raw)
+    _guarded(contain, failed, "jpa", lambda: source.ingest(samples, obs.profiles(), obs.finished), None)
     pauses = tuple(metrics.pauses())
-    errors: list[str] = []
     if forecast is not None:
-        _forecasts(contain, errors, now, lambda: forecast.ingest(
-            obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic()))
+        _guarded(contain, failed, "forecasts", lambda: forecast.ingest(
+            obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic()), None)
     t0 = time.perf_counter()
-    broken: dict[str, str] | None = {} if contain else None
+    broken: dict[str, Exception] | None = {} if contain else None
     curves = source.curves(obs.snapshot, broken)
     outlook = NO_OUTLOOK
-    if forecast is not None and not errors:
-        outlook = _forecasts(contain, errors, now, lambda: forecast.outlook(obs.snapshot)) or NO_OUTLOOK
-    if config.promise and (promise := metrics.promises()):
+    if forecast is not None and not any(kind == "forecasts" for kind, _ in failed):
+        outlook = _guarded(contain, failed, "forecasts", lambda: forecast.outlook(obs.snapshot), NO_OUTLOOK)
+    no_promise: Mapping[str, float] = {}
+    if config.promise and (promise := _guarded(contain, failed, "promises", metrics.promises, no_promise)):
         outlook = replace(outlook, promise=promise)
     standing = None
-    if memo is not None and obs.generation is not None and not broken and not errors:
+    if memo is not None and obs.generation is not None and not broken and not failed:
         cur = tuple(curves.items())
         if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
                 and len(cur) == len(memo.curves)
@@ -179,29 +187,29 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
                 standing = memo.plan
     set_aside: Mapping[str, str] = {}
     if contain:
-        got = decide_contained(obs.snapshot, curves, config, outlook, standing, broken)
+        aside_since = memo.aside_since if memo is not None else {}
+        expired = frozenset(j for j, t in aside_since.items() if now - t >= config.probe_timeout_s)
+        got = decide_contained(obs.snapshot, curves, config, outlook, standing, broken, expired)
         plan, set_aside = got.plan, got.set_aside
-        if broken:
-            log.error("t=%.0f curves raised for %d job(s), set aside: %s", now, len(broken),
-                      "; ".join(f"{j}: {why}" for j, why in sorted(broken.items())))
-            errors.extend(f"curves: job {j}: {why}" for j, why in sorted(broken.items()))
-        if got.error is not None:
-            log.error("t=%.0f decide raised; %s", now, plan.notes[-1], exc_info=got.error)
-            errors.append(f"decide: {error_line(got.error)}")
+        failed.extend((f"curves: job {j}", e) for j, e in sorted((broken or {}).items()))
+        failed.extend(("decide", e) for e in got.errors)
+        if memo is not None:        # since when each job has been set aside
+            memo.aside_since = {j: aside_since.get(j, now) for j in set_aside}
     else:
         plan = decide(obs.snapshot, curves, config, outlook, standing)
     ms = (time.perf_counter() - t0) * 1000.0
     if standing is not None and plan is standing and memo is not None:
         memo.outlook = outlook
         return CycleResult(plan, (), ms, stood=True)
+    lines = _report(now, failed) if failed else ()
     for note in plan.notes:   # solver timeouts, fallbacks, jobs set aside: say why
         log.warning("t=%.0f %s", now, note)
     actions = reconcile(obs.snapshot, plan)
     backend.apply(actions)
     if memo is not None and obs.generation is not None:
-        if actions or errors:   # our own changes moved the state, or an error: decide afresh next cycle
+        if actions or failed:   # our own changes moved the state, or an error: decide afresh next cycle
             memo.plan = None
         else:
             memo.generation, memo.curves, memo.pins, memo.outlook, memo.plan = (
                 obs.generation, tuple(curves.items()), _pins(obs.snapshot, config), outlook, plan)
-    return CycleResult(plan, actions, ms, set_aside=set_aside, errors=tuple(errors))
+    return CycleResult(plan, actions, ms, set_aside=set_aside, errors=lines)

@@ -95,6 +95,28 @@ def pool_index(nodes: Sequence[Node]) -> tuple[dict[str, Node], Counter]:
     return _POOL[1], _POOL[2]
 
 
+def plan_violation(snapshot: Snapshot, plan: Plan) -> str | None:
+    """What is wrong with ``plan`` for ``snapshot`` (None: nothing): a job the snapshot does not
+    hold, a job outside [``min_nodes``, ``max_nodes``], a node outside the harvestable pool or
+    assigned twice.  (The cycle's ``reconcile`` applies no plan that has one.)"""
+    pool = pool_index(snapshot.nodes)[0]      # (kept per pool tuple: decide read the same one)
+    specs = {j.job_id: j.spec for j in snapshot.jobs}
+    seen: set[str] = set()
+    for job_id, nodes in plan.allocations.items():
+        spec = specs.get(job_id)
+        if spec is None:
+            return f"plan names unknown job {job_id}"
+        if nodes and not (spec.min_nodes <= len(nodes) <= spec.max_nodes):
+            return f"job {job_id}: {len(nodes)} nodes outside [{spec.min_nodes}, {spec.max_nodes}]"
+        for n in nodes:
+            if n not in pool:
+                return f"job {job_id}: node {n} is not harvestable"
+            if n in seen:
+                return f"node {n} assigned twice"
+            seen.add(n)
+    return None
+
+
 Reason = tuple[ReasonCode, str]
 
 

@@ -214,44 +214,61 @@ class Daemon:
         except PlanError as exc:
             self.metrics.cycle_errors.labels(kind="plan").inc()
             log.error("plan rejected, nothing applied: %s", exc)
+            self.last_errors = (f"plan: {error_line(exc)}",)
+            self._net_after_error()
         except StateError as exc:
             self._state_failed(exc)
         except Exception as exc:   # noqa: BLE001 - a bug: never a reason to stop serving (SECURITY.md, Containment)
-            self.metrics.cycle_errors.labels(kind="internal").inc()
-            self.last_errors = (f"cycle: {error_line(exc)}",)
+            self._internal(exc, "the cycle raised, nothing applied (jobs are left as they are)")
             self.memo = CycleMemo()
-            log.error("the cycle raised, nothing applied (jobs are left as they are): %s", error_line(exc),
-                      exc_info=exc)
-            if self.journal.observed == self.cycle:     # this cycle's observation was taken: lost jobs
-                try:                                    # are still requeued
-                    self._safety_net()
-                except Exception as again:  # noqa: BLE001 - the same bug, or another: logged, never fatal
-                    log.error("the safety net raised too: %s", error_line(again), exc_info=again)
+            self._net_after_error()
         else:
             self.last_errors = result.errors
-            for kind in sorted({e.split(":", 1)[0] for e in result.errors}):
+            for kind in sorted({e.split(":", 1)[0] for e in result.errors if not e.startswith("...")}):
                 self.metrics.cycle_errors.labels(kind=kind).inc()
-            if self.slurm_down_since is not None:
-                log.info("Slurm is back after %.0fs", self.clock() - self.slurm_down_since)
-                self.slurm_down_since = None
-            self._safety_net()
-            self._forget_finished()
-            self._save_rescale()
-            self._count_outcomes()
-            self.plan = result.plan
-            for a in result.plan.actions:
-                self.reasons[a.job_id] = a
-            for a in result.actions:
-                self.metrics.decisions.labels(code=a.code.value).inc()
-                if a.kind in (ActionKind.START, ActionKind.GROW):
-                    self.progress.wake(a.job_id)
+            self._guarded(self._after_cycle, result)
         reads, writes, lat = self.runner.stats.take()
         cycle_s = time.perf_counter() - t0
-        self._export(result, reads, writes, lat, cycle_s)
-        self._write_status(result)
-        self._notify_status(cycle_s)
+        self._guarded(self._export, result, reads, writes, lat, cycle_s)
+        self._guarded(self._write_status, result)
+        self._guarded(self._notify_status, cycle_s)
         self.notifier.watchdog()
         return result
+
+    def _after_cycle(self, result: CycleResult) -> None:
+        """The bookkeeping after a cycle that decided: the safety net, what left, what was learned."""
+        if self.slurm_down_since is not None:
+            log.info("Slurm is back after %.0fs", self.clock() - self.slurm_down_since)
+            self.slurm_down_since = None
+        self._safety_net()
+        self._forget_finished()
+        self._save_rescale()
+        self._count_outcomes()
+        self.plan = result.plan
+        for a in result.plan.actions:
+            self.reasons[a.job_id] = a
+        for a in result.actions:
+            self.metrics.decisions.labels(code=a.code.value).inc()
+            if a.kind in (ActionKind.START, ActionKind.GROW):
+                self.progress.wake(a.job_id)
+
+    def _internal(self, exc: Exception, what: str) -> None:
+        """A bug outside what the cycle contains: logged with its traceback, counted, in the status."""
+        self.metrics.cycle_errors.labels(kind="internal").inc()
+        self.last_errors = (*self.last_errors, f"internal: {error_line(exc)}")
+        log.error("%s: %s", what, error_line(exc), exc_info=exc)
+
+    def _guarded(self, step: Callable, *args) -> None:
+        try:
+            step(*args)
+        except Exception as exc:   # noqa: BLE001 - a bug: the next cycle still runs (SECURITY.md, Containment)
+            self._internal(exc, f"{step.__name__} raised")
+
+    def _net_after_error(self) -> None:
+        """The safety net on this cycle's observation, when one was taken: a cycle that decided
+        nothing still requeues the jobs that were lost."""
+        if self.journal.observed == self.cycle:
+            self._guarded(self._safety_net)
 
     def _notify_status(self, cycle_s: float) -> None:
         running = [r for r in self.backend.records.values() if r.phase is Phase.RUNNING]
@@ -396,8 +413,8 @@ class Daemon:
                 try:
                     self.cycle_once()
                 except Exception as exc:   # noqa: BLE001 - a bug outside the cycle's own containment:
-                    self.metrics.cycle_errors.labels(kind="internal").inc()     # the next cycle still runs
-                    log.error("cycle %d raised: %s", self.cycle, error_line(exc), exc_info=exc)
+                    self._internal(exc, f"cycle {self.cycle} raised")      # the next cycle still runs
+                    self.notifier.watchdog()
                 collect_if_due()
                 self._wake.wait(max(0.0, self.config.daemon.interval_s - (time.monotonic() - started)))
                 self._wake.clear()
@@ -493,7 +510,7 @@ class Daemon:
         """What ``status.json`` says after this cycle."""
         b = self.backend
         last = self.journal.last
-        curves = self.source.curves(last.snapshot) if last else {}
+        curves = self.source.curves(last.snapshot, {}) if last else {}     # (a curve that raises: none)
         jobs = []
         for jid, r in sorted(b.records.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
             tag = b.tags.get(jid)
@@ -509,8 +526,11 @@ class Daemon:
             rescale = None
             if tag is not None:     # what the decisions charge: learned only where they learn
                 core = self.config.core
-                cost = (self.forecast.learner.cost(jid, tag.rescale_up_s, tag.rescale_down_s)
-                        if core.learn_rescale and core.policy in FORECAST_POLICIES else None)
+                try:
+                    cost = (self.forecast.learner.cost(jid, tag.rescale_up_s, tag.rescale_down_s)
+                            if core.learn_rescale and core.policy in FORECAST_POLICIES else None)
+                except Exception:   # noqa: BLE001 - the cycle contained (and reported) the learner's bug
+                    cost = None
                 rescale = (Rescale(cost.up_s, cost.down_s, cost.up_n, cost.down_n, tag.rescale_up_s,
                                    tag.rescale_down_s, cost.grow_s, cost.grow_n, cost.preemption_s,
                                    cost.preemption_n, cost.loss_s, cost.loss_n) if cost is not None else

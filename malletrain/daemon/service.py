@@ -103,7 +103,8 @@ class DaemonMetrics:
         self.slurm_up = Gauge("malletrain_slurm_up", "1 when the last cycle reached Slurm", registry=r)
         self.cycle_errors = Counter("malletrain_cycle_errors_total",
                                     "Cycles with an error, by kind: slurm, plan, state, status (failed); "
-                                    "forecasts, curves, decide (contained, the others decided), internal",
+                                    "jpa, curves, promises, forecasts, decide (contained: the others decided); "
+                                    "internal (a bug: nothing applied, the next cycle runs)",
                                     ["kind"], registry=r)
         self.reload_failures = Counter("malletrain_reload_failures_total",
                                        "Config reloads rejected (the old config stays)", registry=r)
