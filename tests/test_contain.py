@@ -61,6 +61,17 @@ def _raising_for(monkeypatch, bad):
     monkeypatch.setattr(decide_mod, "_pinned_reason", pinned_reason)
 
 
+def _curve_raising(monkeypatch, source, job_id, exc):
+    """``source``'s JPA raises ``exc`` when asked for ``job_id``'s curve (a fit on that job's samples)."""
+    real = source.advisor.curve
+
+    def learned(jid, *a, **k):
+        if jid == job_id:
+            raise exc
+        return real(jid, *a, **k)
+    monkeypatch.setattr(source.advisor, "curve", learned)
+
+
 def _decisions(monkeypatch):
     """Counts the decisions ``decide_contained`` makes."""
     calls = []
@@ -228,13 +239,7 @@ def test_a_job_whose_curve_raises_is_set_aside_and_named(monkeypatch):
     src = CurveSource(cfg)
     jobs = (job("7", "mallory", ("n0",)), job("8", "alice"))
     snap = Snapshot(10.0, nodes(4), jobs)
-    real = src.advisor.curve
-
-    def learned(job_id, *a, **k):
-        if job_id == "7":
-            raise ZeroDivisionError("injected: a fit on her samples")
-        return real(job_id, *a, **k)
-    monkeypatch.setattr(src.advisor, "curve", learned)
+    _curve_raising(monkeypatch, src, "7", ZeroDivisionError("injected: a fit on her samples"))
     with pytest.raises(ZeroDivisionError):
         src.curves(snap)                              # uncontained: raised, as before
     failed: dict = {}
@@ -327,13 +332,7 @@ def test_a_curve_that_raises_in_a_cycle_sets_its_job_aside_until_it_kept_its_nod
     cfg = CoreConfig(policy="malletrain", probe_timeout_s=600.0)
     snap, _ = _case()
     src = CurveSource(cfg)
-    real = src.advisor.curve
-
-    def learned(job_id, *a, **k):
-        if job_id == "m1":
-            raise ArithmeticError("injected: her fit")
-        return real(job_id, *a, **k)
-    monkeypatch.setattr(src.advisor, "curve", learned)
+    _curve_raising(monkeypatch, src, "m1", ArithmeticError("injected: her fit"))
     backend, memo = _Backend(snap), CycleMemo()
     res = run_cycle(backend, _Metrics(), src, cfg, memo, None, contain=True)
     assert res.errors == ("curves: job m1: ArithmeticError: injected: her fit",)
@@ -411,13 +410,7 @@ def test_the_daemon_whose_curve_raises_still_writes_its_status_and_pings_the_wat
     from malletrain.daemon.status import read_status
     fake = _two_users()
     d, _ = _daemon(tmp_path, fake)
-    real = d.source.advisor.curve
-
-    def learned(job_id, *a, **k):
-        if job_id == "7":
-            raise ZeroDivisionError("injected: a fit on her samples")
-        return real(job_id, *a, **k)
-    monkeypatch.setattr(d.source.advisor, "curve", learned)
+    _curve_raising(monkeypatch, d.source, "7", ZeroDivisionError("injected: a fit on her samples"))
     pings: list = []
     monkeypatch.setattr(d.notifier, "watchdog", lambda: pings.append(1))
     try:

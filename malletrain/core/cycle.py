@@ -121,13 +121,14 @@ T = TypeVar("T")
 MAX_ERRORS = 10     # error lines a cycle reports (the rest are counted in one more line)
 
 
-def _guarded(contain: bool, failed: list[tuple[str, Exception]], kind: str, step: Callable[[], T], fallback: T) -> T:
-    """``step()``; in a contained cycle an exception is kept in ``failed`` with its ``kind`` and
-    ``fallback`` returned instead."""
+def _guarded(contain: bool, failed: list[tuple[str, Exception]], kind: str, fallback: T,
+             step: Callable[..., T], *args) -> T:
+    """``step(*args)``; in a contained cycle an exception is kept in ``failed`` with its ``kind``
+    and ``fallback`` returned instead (no closure per call: replay runs this every cycle)."""
     if not contain:
-        return step()
+        return step(*args)
     try:
-        return step()
+        return step(*args)
     except Exception as exc:    # noqa: BLE001 - contained: logged with its traceback by the cycle
         failed.append((kind, exc))
         return fallback
@@ -160,20 +161,20 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     now = obs.snapshot.now_s
     failed: list[tuple[str, Exception]] = []
     raw = tuple(metrics.poll(obs))
-    samples = _guarded(contain, failed, "jpa", lambda: placed(raw, obs.snapshot), raw)
-    _guarded(contain, failed, "jpa", lambda: source.ingest(samples, obs.profiles(), obs.finished), None)
+    samples = _guarded(contain, failed, "jpa", raw, placed, raw, obs.snapshot)
+    _guarded(contain, failed, "jpa", None, source.ingest, samples, obs.profiles(), obs.finished)
     pauses = tuple(metrics.pauses())
     if forecast is not None:
-        _guarded(contain, failed, "forecasts", lambda: forecast.ingest(
-            obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic()), None)
+        _guarded(contain, failed, "forecasts", None, forecast.ingest,
+                 obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic())
     t0 = time.perf_counter()
     broken: dict[str, Exception] | None = {} if contain else None
     curves = source.curves(obs.snapshot, broken)
     outlook = NO_OUTLOOK
     if forecast is not None and not any(kind == "forecasts" for kind, _ in failed):
-        outlook = _guarded(contain, failed, "forecasts", lambda: forecast.outlook(obs.snapshot), NO_OUTLOOK)
+        outlook = _guarded(contain, failed, "forecasts", NO_OUTLOOK, forecast.outlook, obs.snapshot)
     no_promise: Mapping[str, float] = {}
-    if config.promise and (promise := _guarded(contain, failed, "promises", metrics.promises, no_promise)):
+    if config.promise and (promise := _guarded(contain, failed, "promises", no_promise, metrics.promises)):
         outlook = replace(outlook, promise=promise)
     standing = None
     if memo is not None and obs.generation is not None and not broken and not failed:
