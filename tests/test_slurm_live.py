@@ -808,7 +808,13 @@ def test_adapted_script_under_torchrun_is_resized_killed_and_preempted_and_finis
         d.stop()
         ref_out, ref_err = ref.communicate(timeout=300)
     assert ref.returncode == 0, ref_err[-2000:]
-    assert cluster.job_times(job)["JobState"] == "COMPLETED"
+    # COMPLETED, or CANCELLED by the daemon for one reason only: the preemption for the 4-node
+    # primary job hit the run just as it wrote its final 'done' record, Slurm queued it again, and
+    # the daemon cancelled that copy (running it would finish the work twice; CI saw this once)
+    end = cluster.job_times(job)["JobState"]
+    cancels = [r for r in d.lines() if r.get("job") == job and r.get("action") == "cancel"]
+    assert end == "COMPLETED" or (end == "CANCELLED" and cancels and all("finish it twice" in r["reason"]
+                                                                         for r in cancels)), (end, cancels)
     recs = metrics_records(tmp_path, job)
     worlds = [r["world"] for r in recs if r["event"] == "start"]
     stops = [r for r in recs if r["event"] == "exit" and r.get("reason") == "signal"]
