@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print a digest of every plan per replay, to compare commits (slower: not for timing)")
     bc.add_argument("--split", action="store_true",
                     help="per replay, the cycles of each kind (reused, stood, fresh) and their time")
+    bc.add_argument("--floor", action="store_true",
+                    help="per trace, also replay with the availability model's answers played back (its cost "
+                         "removed): the on/off ratio's floor for any model giving the same answers")
     bc.add_argument("--json", action="store_true")
     bc.set_defaults(run=_bench_forecasts)
     from devtools.bench_runtime import __doc__ as runtime_doc
@@ -229,7 +232,8 @@ def _bench_forecasts(a: argparse.Namespace) -> int:
     if bad or not traces:
         raise MalletrainError(f"--traces: one or more of {','.join(TRACES)}, got {a.traces!r}")
     report = bench_forecasts(a.data, traces, a.jobs, a.max_jobs, a.alloc_repeat,
-                             out=sys.stderr if a.json else sys.stdout, digest=a.digest, split=a.split)
+                             out=sys.stderr if a.json else sys.stdout, digest=a.digest, split=a.split,
+                             floor=a.floor)
     if a.json:
         report.emit(True)
     return 1 if a.guard and report.data["missed"] else 0

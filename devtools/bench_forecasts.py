@@ -16,6 +16,13 @@ issue #23 is missed:
   timed as the daemon runs (a full garbage collection between decisions when one is due,
   :func:`malletrain.daemon.collect.collect_if_due`); the line also gives the figures without it.
 
+``--floor`` adds, per trace, two more replays with the forecasts: one records every answer of
+the availability model (and the time spent inside it), the next plays those answers back with the
+model itself switched off.  The same seeded replay asks the same questions in the same order, so
+the second makes the same decisions (checked) with the model's own cost taken out: what is left
+(decide valuing options with stays, plans standing under moved stays, the cycles the moving stays
+cause) is the floor of the on/off ratio for any cheaper model that gives the same answers.
+
 Traces: ``synthetic`` (4,734 nodes x 15 days, ~850,000 node events: Summit-scale, the
 seeded generator of ``bench replay``), ``theta`` (the ALCF Theta 2022 log, a year, 5,084
 nodes), ``philly`` (the shipped Philly day, 420 nodes, its Pollux workload).  The generated
@@ -28,6 +35,8 @@ import hashlib
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from malletrain.bench import Report
@@ -70,6 +79,77 @@ def _kind(res) -> str:
     """What a cycle was: its plan reused (inputs unchanged), a plan that stood under moved stays,
     a fresh decision that changed nothing, or one with actions."""
     return KINDS[0] if res.reused else KINDS[1] if res.stood else KINDS[3] if res.actions else KINDS[2]
+
+
+class _Tape:
+    """The availability model's answers in one replay with forecasts, to play back in another
+    (``--floor``).  The recording keeps a copy of each new answer with nothing built on it yet
+    (:meth:`~malletrain.core.stays.StayMap.unbuilt`), so that the playback's readers pay what
+    they paid in the recording; an answer returned again is the same copy again."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[float, int, object]] = []     # per stays call: now, pool size, answer
+        self.model_s = 0.0           # the recording replay's time inside the model (observe, stays)
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        from malletrain.core.availability import IdleHistory
+        from malletrain.core.stays import StayMap
+        observe, stays, clock = IdleHistory.observe, IdleHistory.stays, time.perf_counter
+        last: list = [None, None]       # the model's last answer and its copy
+
+        def timed_observe(history, now_s, nodes):
+            t0 = clock()
+            observe(history, now_s, nodes)
+            self.model_s += clock() - t0
+
+        def kept_stays(history, now_s, nodes, horizon_s):
+            t0 = clock()
+            out = stays(history, now_s, nodes, horizon_s)
+            self.model_s += clock() - t0
+            if out is not last[0]:
+                last[0], last[1] = out, out.unbuilt() if isinstance(out, StayMap) else out
+            self.answers.append((now_s, len(nodes), last[1]))
+            return out
+        IdleHistory.observe, IdleHistory.stays = timed_observe, kept_stays      # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            IdleHistory.observe, IdleHistory.stays = observe, stays          # type: ignore[method-assign]
+
+    @contextmanager
+    def playing(self) -> Iterator[None]:
+        from malletrain.core.availability import IdleHistory
+        observe, stays = IdleHistory.observe, IdleHistory.stays
+        answers = iter(self.answers)
+
+        def played(history, now_s, nodes, horizon_s):
+            at_s, size, out = next(answers)
+            if at_s != now_s or size != len(nodes):
+                raise RuntimeError(f"the played-back replay asked the model at {now_s} about {len(nodes)} nodes, "
+                                   f"the recorded one at {at_s} about {size}")
+            return out
+        IdleHistory.observe = lambda history, now_s, nodes: None     # type: ignore[method-assign]
+        IdleHistory.stays = played                                     # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            IdleHistory.observe, IdleHistory.stays = observe, stays          # type: ignore[method-assign]
+
+
+def _floor(trace, workload, max_jobs: int | None) -> tuple[dict, dict, float]:
+    """A replay with forecasts that records the model's answers (untimed: the model's own time is
+    summed apart), and one that plays them back: (recorded, played back, the model's seconds)."""
+    tape = _Tape()
+    with tape.recording():
+        recorded = _replay(trace, workload, True, max_jobs)
+    with tape.playing():
+        played = _replay(trace, workload, True, max_jobs)
+    return recorded, played, tape.model_s
+
+
+def _same_run(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("decisions", "reused", "useful", "lost_pause"))
 
 
 def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = False, split: bool = False) -> dict:
@@ -118,7 +198,7 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
 
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
                     max_jobs: int | None = 10, alloc_repeat: int = 30, out: TextIO | None = None,
-                    digest: bool = False, split: bool = False) -> Report:
+                    digest: bool = False, split: bool = False, floor: bool = False) -> Report:
     """``out``: where each line goes as soon as it is measured (None: nowhere).  ``digest``: each
     replay line also names a digest of every plan (allocations, actions and reasons) and of the
     jobs' progress, to compare two commits, and counts the decisions made afresh that changed
@@ -126,7 +206,8 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
     changed" could save.  The hashing slows the replays, so timings taken with it are not the
     figures.  ``split`` (not with ``digest``): each replay line is followed by the cycles of each
     kind (plan reused, plan stood, fresh with no change, fresh with changes) and the seconds spent
-    in the cycle (observe, decide, apply) for each: where the forecasts' cost lies."""
+    in the cycle (observe, decide, apply) for each: where the forecasts' cost lies.  ``floor``: per
+    trace, the replay with the model's answers played back (module docstring)."""
     from devtools.datasets import default_data_dir
     from malletrain.bench.allocator import bench_allocator
     data = data or default_data_dir()
@@ -158,6 +239,16 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
         say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
             f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
             f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")
+        if floor:
+            recorded, played, model_s = _floor(trace, workload, max_jobs)
+            same = _same_run(on, recorded) and _same_run(on, played)
+            row["floor"] = {"model_s": model_s, "recorded_wall_s": recorded["wall_s"],
+                            "played_wall_s": played["wall_s"], "ratio": played["wall_s"] / off["wall_s"],
+                            "same_decisions": same}
+            say(f"replay {label}: the model's own time {model_s:.1f} s of a {recorded['wall_s']:.1f} s replay with "
+                f"forecasts; its answers played back (the model free): {played['wall_s']:.1f} s, on/off "
+                f"{row['floor']['ratio']:.2f}x, the floor for any model giving these answers"
+                + ("" if same else " -- NOT the same decisions: the floor is not valid"))
         if row["wall_ratio"] > RATIO_MAX:
             missed.append(f"{name}: wall on/off {row['wall_ratio']:.2f}x > {RATIO_MAX}x")
         if name == "synthetic" and on["wall_s"] > SYNTHETIC_ON_MAX_S:

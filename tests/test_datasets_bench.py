@@ -223,3 +223,33 @@ def test_bench_forecasts_split_counts_every_cycle_once(data_dir):
     assert kinds["fresh, no change"][0] > 0 and kinds["fresh, changes"][0] > 0
     assert 0 < sum(s for _, s in kinds.values()) <= r["wall_s"]
     assert digested["kinds"] is None          # not timed while hashing
+
+
+def test_bench_forecasts_floor_plays_the_models_answers_back_with_the_same_decisions(data_dir):
+    """``bench forecasts --floor``: a replay that plays back the availability model's recorded
+    answers makes the recording's decisions without calling the model; a tape that does not match
+    the replay's questions is refused, and other answers give other decisions."""
+    from devtools.bench_forecasts import _floor, _replay, _same_run, _Tape, _trace_and_workload
+    from malletrain.core.availability import IdleHistory
+    trace, workload, _ = _trace_and_workload("philly", data_dir, 10)
+    tape = _Tape()
+    with tape.recording():
+        recorded = _replay(trace, workload, True, 10, digest=True)
+    assert tape.model_s > 0 and len(tape.answers) > 1000
+    real = IdleHistory.stays
+    with tape.playing():
+        assert IdleHistory.stays is not real
+        played = _replay(trace, workload, True, 10, digest=True)
+    assert IdleHistory.stays is real
+    assert played["plans"] == recorded["plans"] and _same_run(recorded, played)
+    assert _replay(trace, workload, True, 10, digest=True)["plans"] == recorded["plans"]
+    shifted = _Tape()
+    shifted.answers = tape.answers[1:]
+    with shifted.playing(), pytest.raises(RuntimeError, match="asked the model"):
+        _replay(trace, workload, True, 10)
+    blind = _Tape()         # no predictions: other decisions, so the replay soon asks other questions
+    blind.answers = [(at, n, {}) for at, n, _ in tape.answers]
+    with blind.playing(), pytest.raises(RuntimeError, match="asked the model"):
+        _replay(trace, workload, True, 10)
+    rec, play, model_s = _floor(trace, workload, 10)
+    assert _same_run(rec, play) and _same_run(rec, recorded) and model_s > 0
