@@ -354,11 +354,9 @@ def at_step(env: dict, *, freeze_at=None, stop_at=None) -> list[str]:
     return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "at_step.py")]
 
 
-def kill_frozen_worker(marker: str, timeout_s: float = 120) -> int:
-    """SIGKILL the worker (command line holding ``marker``) that froze itself under
-    tests/fixtures/at_step.py, once it has: a kill -9 at a known step instead of a race between
-    the test's polling and the run's last steps (a loaded CI machine once let a run finish
-    between the two).  Returns its pid."""
+def frozen_worker(marker: str, timeout_s: float = 120) -> int:
+    """The pid of the worker (command line holding ``marker``) that froze itself under
+    tests/fixtures/at_step.py, once it has."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         for pid in worker_pids(marker):
@@ -368,10 +366,32 @@ def kill_frozen_worker(marker: str, timeout_s: float = 120) -> int:
             except (OSError, IndexError):
                 continue
             if state == "T":
-                os.kill(pid, signal.SIGKILL)
                 return pid
         time.sleep(0.05)
     raise AssertionError(f"no worker of {marker!r} froze in {timeout_s} s")
+
+
+def kill_frozen_worker(marker: str, timeout_s: float = 120) -> int:
+    """SIGKILL the worker that froze itself (:func:`frozen_worker`), once it has: a kill -9 at a
+    known step instead of a race between the test's polling and the run's last steps (a loaded CI
+    machine once let a run finish between the two).  Returns its pid."""
+    pid = frozen_worker(marker, timeout_s)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def wait_pending(pid: int, sig: int, timeout_s: float = 60) -> None:
+    """Until ``sig`` is pending for the process ``pid`` (a stopped process keeps it pending until
+    it is continued): the signal has been delivered, not yet handled."""
+    bit = 1 << (sig - 1)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        with open(f"/proc/{pid}/status") as fh:
+            masks = [int(line.split()[1], 16) for line in fh if line.startswith(("SigPnd:", "ShdPnd:"))]
+        if any(m & bit for m in masks):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"signal {sig} never reached process {pid} in {timeout_s} s")
 
 
 def param_diff(a, b):

@@ -13,11 +13,12 @@ import pytest
 from helpers import (
     at_step,
     finished,
+    frozen_worker,
     kill_frozen_worker,
     plain_run_ended,
     progress_records,
     torchrun,
-    wait_step,
+    wait_pending,
     worker_pids,
 )
 
@@ -55,15 +56,21 @@ def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     assert rc == 0, err[-3000:]
     metrics = str(tmp_path / "m.jsonl")
     run = tmp_path / "out-run"
-    # 3 workers, SIGTERM (what srun forwards): the Trainer saves the step boundary, exit 3
-    p = _run("train_malleable.py", 3, tmp_path, "out", epochs, metrics=metrics)
-    wait_step(metrics, STEPS + 3)
+    # 3 workers, SIGTERM (what srun forwards): the Trainer saves the step boundary, exit 3.  The
+    # stop must fall inside an epoch (a resume mid-epoch).  The last rank freezes after step
+    # STEPS + 3 and is continued once the launcher's SIGTERM has reached it, so no rank can step
+    # on before the signal is there: a loaded CI machine once let the ranks run 8 steps between the
+    # test's poll of the records and the signal's arrival, onto the epoch's end (step 22)
+    p = _run("train_malleable.py", 3, tmp_path, "out", epochs, metrics=metrics, freeze_at=STEPS + 3)
+    frozen = frozen_worker(f"--out-dir {run}")
     p.send_signal(signal.SIGTERM)
+    wait_pending(frozen, signal.SIGTERM)
+    os.kill(frozen, signal.SIGCONT)
     rc, _, err = finished(p)
     assert rc == 3, err[-3000:]
     stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
     assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
-    assert stop["step"] % STEPS, "the stop should fall inside an epoch"
+    assert stop["step"] in (STEPS + 3, STEPS + 4), "the stop should come at the frozen step or the next"
     saved = run / f"checkpoint-{stop['step']}"
     assert (saved / "malletrain-complete.json").is_file()
     # a newer checkpoint left half-written (no manifest: the save did not finish)
