@@ -363,7 +363,9 @@ def test_a_stay_map_builds_its_dict_only_when_read_node_by_node():
         hash(m)
     fresh = m.unbuilt()       # the same map with nothing built on it
     assert fresh._dict is None and fresh._groups is None and fresh._ranked is None and fresh._totals is None
-    assert fresh == m and fresh is not m and fresh.covers(None) is m.covers(None)
+    assert fresh == m and fresh is not m
+    pool = (Node("a"), Node("b"), Node("c"))
+    assert m.unbuilt(pool).covers(pool) and not fresh.covers(pool) and m.unbuilt(pool) == m
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -53,10 +53,11 @@ class StayMap(Mapping[str, Stay]):
         self._ranked: tuple[int, ...] | None = None
         self._by_rank: tuple[list[int], list[float], list[float]] | None = None
 
-    def unbuilt(self) -> StayMap:
-        """The same map with nothing built yet (no dict, groups, counts or ranks): what a reader
-        of a new answer pays for, measured apart from the model that made it."""
-        return StayMap(self._names, self._codes, self._values, source=self._source, index=self._index)
+    def unbuilt(self, source: object = None) -> StayMap:
+        """The same map with nothing built yet (no dict, groups, counts or ranks), for the pool
+        object ``source`` (its names must be this map's, in order; see :meth:`covers`): what a
+        reader of a new answer pays for, measured apart from the model that made it."""
+        return StayMap(self._names, self._codes, self._values, source=source, index=self._index)
 
     # -- the mapping: a plain dict, built on the first read node by node ----------
     def plain(self) -> dict[str, Stay]:
