@@ -93,9 +93,12 @@ class _Tape:
 
     A tape holds tens of thousands of maps (a year of Theta: ~56,000), which Python's garbage
     collector would walk at every full collection of both replays, a cost neither replay has
-    without the tape (measured: the Theta playback took 78 s where the model's time alone
-    predicted 57).  So the recording moves what it kept out of the collector's sight every
-    ``FREEZE_EVERY`` new answers (``gc.freeze``), and the playback runs with the whole tape there."""
+    without the tape.  So the recording moves what it kept out of the collector's sight every
+    ``FREEZE_EVERY`` new answers (``gc.freeze``), and the playback runs with the whole tape there.
+    (The Theta playback that took 78 s where the model's time predicted 57 had both this and the
+    pool tuple above; their shares were not measured apart.)  The recording's freezes also hide
+    the replay's own objects alive at that moment, so its wall time is not the timed replay's:
+    the model's time is read as a share of the recording."""
 
     FREEZE_EVERY = 2000
 
@@ -108,7 +111,7 @@ class _Tape:
         from malletrain.core.availability import IdleHistory
         from malletrain.core.stays import StayMap
         observe, stays, clock = IdleHistory.observe, IdleHistory.stays, time.perf_counter
-        last: list = [None, None]       # the model's last answer and its copy
+        last: list = [None, None, 0]       # the model's last answer, its copy, how many were copied
 
         def timed_observe(history, now_s, nodes):
             t0 = clock()
@@ -120,25 +123,17 @@ class _Tape:
             out = stays(history, now_s, nodes, horizon_s)
             self.model_s += clock() - t0
             if out is not last[0]:
-                last[0], last[1] = out, out.unbuilt() if isinstance(out, StayMap) else out
-                kept[0] += 1
-                if kept[0] % self.FREEZE_EVERY == 0:
+                last[:] = out, out.unbuilt() if isinstance(out, StayMap) else out, last[2] + 1
+                if last[2] % self.FREEZE_EVERY == 0:
                     gc.freeze()
             self.answers.append((now_s, len(nodes), last[1]))
             return out
-        kept = [0]
-        IdleHistory.observe, IdleHistory.stays = timed_observe, kept_stays      # type: ignore[method-assign]
-        try:
+        with _model_replaced(timed_observe, kept_stays):
             yield
-        finally:
-            IdleHistory.observe, IdleHistory.stays = observe, stays          # type: ignore[method-assign]
-            gc.unfreeze()
 
     @contextmanager
     def playing(self) -> Iterator[None]:
-        from malletrain.core.availability import IdleHistory
         from malletrain.core.stays import StayMap
-        observe, stays = IdleHistory.observe, IdleHistory.stays
         answers = iter(self.answers)
         last: list = [None, None, None]     # the last answer played, its pool, what was handed out
 
@@ -150,15 +145,24 @@ class _Tape:
             if out is not last[0] or nodes is not last[1]:
                 last[:] = out, nodes, out.unbuilt(nodes) if isinstance(out, StayMap) else out
             return last[2]
-        IdleHistory.observe = lambda history, now_s, nodes: None     # type: ignore[method-assign]
-        IdleHistory.stays = played                                     # type: ignore[method-assign]
         gc.collect()
         gc.freeze()
-        try:
+        with _model_replaced(lambda history, now_s, nodes: None, played):
             yield
-        finally:
-            IdleHistory.observe, IdleHistory.stays = observe, stays          # type: ignore[method-assign]
-            gc.unfreeze()
+
+
+@contextmanager
+def _model_replaced(observe, stays) -> Iterator[None]:
+    """``IdleHistory.observe`` and ``stays`` replaced for every history while inside; on leaving,
+    the real ones back and whatever a tape froze (``gc.freeze``) given back to the collector."""
+    from malletrain.core.availability import IdleHistory
+    real = IdleHistory.observe, IdleHistory.stays
+    IdleHistory.observe, IdleHistory.stays = observe, stays          # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        IdleHistory.observe, IdleHistory.stays = real                  # type: ignore[method-assign]
+        gc.unfreeze()
 
 
 def _floor(trace, workload, max_jobs: int | None) -> tuple[dict, dict, float]:
