@@ -127,6 +127,37 @@ def test_the_objective_is_the_cores_for_every_mode(table, monkeypatch, capsys):
     assert exc.value.code == 2
 
 
+def test_the_sampler_is_the_studys_in_every_mode_and_the_bound_needs_random(table, monkeypatch, capsys):
+    """``--sampler tpe`` (what a campaign spec gets by default) asks every mode's trials with
+    Optuna's TPE; random by default.  ``--bound`` knows a random study's cells in ask order, so it
+    refuses another sampler (exit 2, nothing run)."""
+    import json
+
+    import optuna
+
+    from malletrain.cli.main import main
+    from malletrain.replay import traces
+    seen = []
+    real = optuna.create_study
+
+    def spy(*a, **kw):
+        seen.append(type(kw["sampler"]).__name__)
+        return real(*a, **kw)
+    monkeypatch.setattr(optuna, "create_study", spy)
+    monkeypatch.setattr(traces, "load_trace", lambda *a, **k: _trace(hours=3.0))
+    monkeypatch.setattr(nas, "load_table", lambda: table)
+    args = ["bench", "campaign", "--trace", "t.csv", "--modes", "random-full,asha", "--seeds", "1",
+            "--max-concurrent", "4", "--max-nodes", "2", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["sampler"] == "random"
+    assert main(args + ["--sampler", "tpe"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["sampler"] == "tpe"
+    assert seen == ["RandomSampler", "RandomSampler", "TPESampler", "TPESampler"]
+    assert main(args + ["--sampler", "tpe", "--bound"]) == 2
+    assert "--bound needs --sampler random" in capsys.readouterr().err
+    assert len(seen) == 4
+
+
 def test_promise_mode_hands_the_rungs_to_the_core(table, monkeypatch):
     from malletrain.replay import sim as simmod
     seen = []

@@ -222,6 +222,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     help="the core's objective for every mode (default samples, the daemon's default): "
                          "speedup values every job in node-equivalents, as asha-promise values one "
                          "user's trials among themselves")
+    bn.add_argument("--sampler", choices=("random", "tpe"), default="random",
+                    help="the study's sampler in every mode (default random: the search of today's "
+                         "campaign, and the one --bound needs; tpe: what a campaign spec gets by default)")
     bn.add_argument("--max-concurrent", type=positive(int, 10_000), default=64,
                     help="trial jobs queued at once (default 64)")
     bn.add_argument("--max-nodes", type=positive(int, 16), default=4, help="each trial's max_nodes (default 4)")
@@ -306,9 +309,12 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
 def cmd_bench_campaign(args: argparse.Namespace) -> int:
     from malletrain.bench.campaign import MODES, CampaignSetup, bench_campaign
     modes = _listed("--modes", args.modes, MODES)
+    if args.bound and args.sampler != "random":
+        raise InputError(f"--bound needs --sampler random (the bound knows the cells a random study asks "
+                         f"in order; {args.sampler} asks by what it has seen)")
     setup = CampaignSetup(max_concurrent=args.max_concurrent, max_nodes=args.max_nodes,
                           min_resource=args.min_resource, reduction_factor=args.reduction_factor,
-                          target_points=args.target)
+                          target_points=args.target, sampler=args.sampler)
     bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start, end=args.end,
                    setup=setup, interval_s=args.interval, progress=not args.json,
                    first_seed=args.first_seed, objective=args.objective, bound=args.bound).emit(args.json)
