@@ -184,6 +184,58 @@ def test_a_bug_only_two_owners_trigger_together_leaves_every_job_as_it_is(monkey
     assert "no one owner's jobs alone did" in got.set_aside["m1"]
 
 
+@pytest.mark.parametrize("pair", [("u3", "u29"), ("u3", "u5"), ("u0", "u39")])
+def test_a_bug_two_owners_trigger_together_sets_aside_only_those_two(monkeypatch, pair):
+    """Among 40 owners, a bug that only two owners' jobs trigger together (neither alone) sets
+    aside those two and decides the other 38; each of the two is told the kind of error only
+    (its text names the other owner's job: the log has it).  Before, every job was held."""
+    jobs = tuple(job(f"j{i}", f"u{i}", (f"n{i}",)) for i in range(40))
+    snap = Snapshot(5.0, nodes(60), jobs)
+    curves = {j.job_id: curve() for j in jobs}
+    real = decide_mod._problem
+
+    def problem(js, *a, **k):
+        mine = {j.spec.owner: j.job_id for j in js}
+        if set(pair) <= mine.keys():
+            raise RuntimeError(f"injected: {pair[0]}'s job {mine[pair[0]]} with {pair[1]}'s job {mine[pair[1]]}")
+        return real(js, *a, **k)
+    monkeypatch.setattr(decide_mod, "_problem", problem)
+    calls = _decisions(monkeypatch)
+    got = decide_contained(snap, curves, CFG)
+    two = {f"j{p[1:]}" for p in pair}
+    assert not got.held and set(got.set_aside) == two
+    reasons = {a.job_id: a.reason for a in got.plan.actions}
+    for jid, other in zip(sorted(two, key=lambda x: int(x[1:])), reversed(pair)):
+        assert "together with another owner's raised RuntimeError" in reasons[jid]
+        assert other not in reasons[jid] and "injected" not in reasons[jid]
+    a, b = pair
+    assert [str(e) for e in got.errors] == [f"injected: {a}'s job j{a[1:]} with {b}'s job j{b[1:]}"]
+    served = [j.job_id for j in jobs if j.job_id not in two]
+    assert all(got.plan.allocations[j] for j in served)      # the other 38 are decided: each runs
+    assert all(a.code is not ReasonCode.SET_ASIDE for a in got.plan.actions if a.job_id in served)
+    assert len(calls) <= 2 + 1 + 4 * math.ceil(math.log2(40)) + 1     # first, pool, the search, the rest
+    assert plan_violation(snap, got.plan) is None
+
+
+def test_a_bug_three_owners_trigger_together_sets_aside_those_three(monkeypatch):
+    """Three owners' jobs together (no two of them): where neither half of a side raises with the
+    other side, each half is narrowed with the other added, so the three are found, and only they."""
+    jobs = tuple(job(f"j{i}", f"u{i}", (f"n{i}",)) for i in range(16))
+    snap = Snapshot(5.0, nodes(20), jobs)
+    real = decide_mod._problem
+    three = {"u1", "u6", "u12"}
+
+    def problem(js, *a, **k):
+        if three <= {j.spec.owner for j in js}:
+            raise RuntimeError("injected: three together")
+        return real(js, *a, **k)
+    monkeypatch.setattr(decide_mod, "_problem", problem)
+    got = decide_contained(snap, {j.job_id: curve() for j in jobs}, CFG)
+    assert not got.held
+    assert set(got.set_aside) == {"j1", "j6", "j12"}
+    assert plan_violation(snap, got.plan) is None
+
+
 def test_a_search_that_runs_out_of_tries_leaves_every_job_as_it_is(monkeypatch):
     jobs = tuple(job(f"j{i}", f"u{i}") for i in range(200))
     snap = Snapshot(5.0, nodes(10), jobs)

@@ -13,17 +13,22 @@ counts as one that raised.
 2. if it raises, the owners whose jobs make it raise are searched by halving: a group of owners
    whose jobs, decided alone (on the pool less the nodes every other job holds), raise is split
    in two and each half decided alone, down to single owners, who are *set aside* with the error
-   their own jobs raised; a group that raises while neither half does (a bug two owners' jobs
-   trigger together) singles no one out.  At most ``MAX_TRIES`` decisions (one owner among
-   thousands costs about 2·log₂ of them; a bug the pool alone triggers, one decision);
+   their own jobs raised.  A group that raises while neither half does (a bug two or a few owners'
+   jobs trigger only together) is narrowed from each side in turn: one half's owners are halved
+   while one half of them still raises together with the whole other half (where neither does,
+   each is narrowed with the other added), then the other half's likewise against what was left
+   of the first.  The owners left on both sides (two, for a bug of two owners' jobs) are set
+   aside, each told only the kind of error (its text may quote the other owner's job: the log
+   has it).  At most ``MAX_TRIES`` decisions (one owner among thousands costs about 2·log₂ of
+   them, a pair about twice that; a bug the pool alone triggers, one decision);
 3. the others are decided together, on the pool less the nodes the set-aside jobs hold;
 4. a set-aside job keeps the nodes of the pool it holds, at most its ``max_nodes`` of them, and
    gets none more (reason ``set-aside``); one left with fewer than its ``min_nodes``, or set
    aside for longer than the caller lets it keep them (``expired``: the cycle's
    ``probe_timeout_s``, as a probe that never answers), stops: its checkpoint is taken and it is
    queued again, as for any stop;
-5. where no owner is singled out (every one raises, none does, the search ran out, or the others
-   raise together too), every job is left as it is (step 4 for each).
+5. where no owner is singled out (every one raises, none does nor any two together, the search
+   ran out, or the others raise together too), every job is left as it is (step 4 for each).
 
 No plan gives a job a node a set-aside job keeps, and a set-aside job never gets a node more:
 what a user gains by triggering a bug is keeping, for a while, nodes it already held.  The
@@ -92,7 +97,10 @@ def decide_contained(snapshot: Snapshot, curves: Mapping[str, Curve], config: Co
     errors = _distinct((*errors, *culprits.values()))
     if culprits and len(culprits) < len(owners):
         for o, exc in culprits.items():
-            aside.update((j.job_id, f"deciding its owner's jobs raised {error_line(exc)}") for j in owners[o])
+            why = (f"deciding its owner's jobs together with another owner's raised {type(exc).__name__} "
+                   "(the service's log has it)" if o in search.together
+                   else f"deciding its owner's jobs raised {error_line(exc)}")
+            aside.update((j.job_id, why) for j in owners[o])
         second = _attempt(snapshot, aside, curves, config, outlook, None)
         if isinstance(second, Plan):
             return Contained(_kept(snapshot, aside, expired, second), errors, aside)
@@ -102,7 +110,7 @@ def decide_contained(snapshot: Snapshot, curves: Mapping[str, Curve], config: Co
         why = f"the decision raised {error_line(first)}, even without any job: the pool alone triggers it"
     elif search.ran_out:
         why = f"the decision raised {error_line(first)}; the owners at fault were not found in {MAX_TRIES} tries"
-    elif culprits:
+    elif culprits and not search.together:
         why = f"the decision raised {error_line(first)} for every owner's jobs"
     else:
         why = f"the decision raised {error_line(first)} and no one owner's jobs alone did"
@@ -146,6 +154,7 @@ class _Search:
         self.tries = 0
         self.ran_out = False
         self.pool_raises = False
+        self.together: set[str] = set()    # owners found only together with another's (step 2)
 
     def run(self, error: Exception) -> dict[str, Exception]:
         """The owners at fault, each with what its own jobs raised ({} when none is singled out)."""
@@ -161,12 +170,43 @@ class _Search:
             found[group[0]] = error
             return
         mid = len(group) // 2
+        raised = False
         for half in (group[:mid], group[mid:]):
             got = self._alone(half)
             if self.ran_out:
                 return
             if isinstance(got, Exception):
+                raised = True
                 self._halve(half, got, found)
+        if not raised:
+            self._together(group[:mid], group[mid:], error, found)
+
+    def _together(self, left: list[str], right: list[str], error: Exception, found: dict[str, Exception]) -> None:
+        """``left`` and ``right`` raise together and neither alone: narrow ``right`` against all of
+        ``left``, then ``left`` against what is left of ``right``; their owners are the culprits."""
+        right, error = self._narrow(right, left, error)
+        left, error = self._narrow(left, right, error)
+        if self.ran_out:
+            return
+        for o in (*left, *right):
+            found[o] = error
+            self.together.add(o)
+
+    def _narrow(self, side: list[str], other: list[str], error: Exception) -> tuple[list[str], Exception]:
+        """The owners of ``side`` that still raise together with ``other``: the half that does, when
+        one does; when neither does (the bug needs owners of both), each half narrowed with the
+        other half (what is left of it) added to ``other``."""
+        if len(side) <= 1 or self.ran_out:
+            return side, error
+        mid = len(side) // 2
+        first, second = side[:mid], side[mid:]
+        for half in (first, second):
+            got = self._alone(other + half)
+            if isinstance(got, Exception):
+                return self._narrow(half, other, got)
+        first, error = self._narrow(first, other + second, error)
+        second, error = self._narrow(second, other + first, error)
+        return first + second, error
 
     def _alone(self, group: Sequence[str]) -> Plan | Exception | None:
         """The jobs of ``group`` decided alone, on the free pool and their own nodes (None once the
