@@ -9,7 +9,8 @@ user, for as long as that one job's probe was wanted.  The daemon asks for a con
 decision that gives a plan breaking the plan's invariants (:func:`~malletrain.core.decide.plan_violation`)
 counts as one that raised.
 
-1. ``decide`` as usual (jobs whose curve could not be computed are set aside from the start);
+1. ``decide`` as usual (jobs whose curve, or whose own forecasts, could not be computed are set
+   aside from the start);
 2. if it raises, the owners whose jobs make it raise are searched by halving: a group of owners
    whose jobs, decided alone (on the pool less the nodes every other job holds), raise is split
    in two and each half decided alone, down to single owners, who are *set aside* with the error
@@ -79,11 +80,16 @@ class Contained:
 def decide_contained(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
                      outlook: Outlook = NO_OUTLOOK, standing: Plan | None = None,
                      broken: Mapping[str, Exception] | None = None,
-                     expired: AbstractSet[str] = frozenset()) -> Contained:
+                     expired: AbstractSet[str] = frozenset(),
+                     unforecast: Mapping[str, Exception] | None = None) -> Contained:
     """:func:`~malletrain.core.decide.decide`, contained (module docstring).  ``broken``: jobs
-    whose curve raised (job -> the exception), set aside from the start; ``expired``: set-aside
-    jobs that have kept their nodes long enough (they stop if set aside again)."""
+    whose curve raised (job -> the exception), set aside from the start, as are the jobs whose
+    own forecasts raised (``unforecast``); ``expired``: set-aside jobs that have kept their nodes
+    long enough (they stop if set aside again)."""
     aside = {j: f"its curve could not be computed ({error_line(exc)})" for j, exc in (broken or {}).items()}
+    for jid, exc in (unforecast or {}).items():
+        aside.setdefault(jid, f"its forecasts (learned pauses, sensitivity) could not be computed "
+                            f"({error_line(exc)})")
     first = _attempt(snapshot, aside, curves, config, outlook, standing if not aside else None)
     if isinstance(first, Plan):
         return Contained(_kept(snapshot, aside, expired, first) if aside else first, (), aside)

@@ -2,9 +2,10 @@
 
 This is the shell around the pure core: it talks to the backend and measures
 the decision latency; ``decide`` and ``reconcile`` do no I/O.  The daemon runs it
-``contain``-ed (:mod:`malletrain.core.contain`): a job whose curve raises, or whose owner's jobs
-make ``decide`` raise, is set aside (for at most ``probe_timeout_s`` with its nodes, counted in the
-memo) and the others are decided; the JPA's ingest, the promises or the forecasts that raise leave
+``contain``-ed (:mod:`malletrain.core.contain`): a job whose curve or own forecasts (learned
+pauses, sensitivity) raise, or whose owner's jobs make ``decide`` raise, is set aside (for at most
+``probe_timeout_s`` with its nodes, counted in the memo) and the others are decided; the JPA's
+ingest, the promises or the forecasts that raise otherwise (the pool's availability model) leave
 the cycle going without them.  Each distinct error is logged with its traceback and returned in
 the :class:`CycleResult`.  Replay never contains: a bug fails the run.
 """
@@ -164,20 +165,21 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     samples = _guarded(contain, failed, "jpa", raw, placed, raw, obs.snapshot)
     _guarded(contain, failed, "jpa", None, source.ingest, samples, obs.profiles(), obs.finished)
     pauses = tuple(metrics.pauses())
+    unforecast: dict[str, Exception] | None = {} if contain else None     # jobs whose own forecasts raised
     if forecast is not None:
         _guarded(contain, failed, "forecasts", None, forecast.ingest,
-                 obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic())
+                 obs.snapshot, obs.profiles(), pauses, obs.finished, samples, obs.elastic(), unforecast)
     t0 = time.perf_counter()
     broken: dict[str, Exception] | None = {} if contain else None
     curves = source.curves(obs.snapshot, broken)
     outlook = NO_OUTLOOK
     if forecast is not None and not any(kind == "forecasts" for kind, _ in failed):
-        outlook = _guarded(contain, failed, "forecasts", NO_OUTLOOK, forecast.outlook, obs.snapshot)
+        outlook = _guarded(contain, failed, "forecasts", NO_OUTLOOK, forecast.outlook, obs.snapshot, unforecast)
     no_promise: Mapping[str, float] = {}
     if config.promise and (promise := _guarded(contain, failed, "promises", no_promise, metrics.promises)):
         outlook = replace(outlook, promise=promise)
     standing = None
-    if memo is not None and obs.generation is not None and not broken and not failed:
+    if memo is not None and obs.generation is not None and not broken and not unforecast and not failed:
         cur = tuple(curves.items())
         if (memo.plan is not None and memo.generation == obs.generation and memo.pins == _pins(obs.snapshot, config)
                 and len(cur) == len(memo.curves)
@@ -190,9 +192,10 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     if contain:
         aside_since = memo.aside_since if memo is not None else {}
         expired = frozenset(j for j, t in aside_since.items() if now - t >= config.probe_timeout_s)
-        got = decide_contained(obs.snapshot, curves, config, outlook, standing, broken, expired)
+        got = decide_contained(obs.snapshot, curves, config, outlook, standing, broken, expired, unforecast)
         plan, set_aside = got.plan, got.set_aside
         failed.extend((f"curves: job {j}", e) for j, e in sorted((broken or {}).items()))
+        failed.extend((f"forecasts: job {j}", e) for j, e in sorted((unforecast or {}).items()))
         failed.extend(("decide", e) for e in got.errors)
         if memo is not None:        # since when each job has been set aside
             memo.aside_since = {j: aside_since.get(j, now) for j in set_aside}
