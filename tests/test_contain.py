@@ -497,6 +497,8 @@ def test_the_daemon_serves_alice_while_mallorys_jobs_make_decide_raise(tmp_path,
         assert "1 error(s) contained in the last cycle" in said[-1]
         logged = [r for r in caplog.records if "contained an error in decide" in r.getMessage()]
         assert logged and logged[0].exc_info is not None       # the traceback, for whoever fixes the bug
+        since = dict(d.memo.aside_since)
+        assert list(since) == ["7"]
 
         def broken(*a, **k):
             raise KeyError("injected: outside the decision")
@@ -505,6 +507,10 @@ def test_the_daemon_serves_alice_while_mallorys_jobs_make_decide_raise(tmp_path,
         st = read_status(str(tmp_path / "state" / "status.json"))
         assert st.errors == ("internal: KeyError: 'injected: outside the decision'",)
         assert d.metrics.cycle_errors.labels(kind="internal")._value.get() == 1
+        assert d.memo.aside_since == since      # a cycle that raised does not restart the set-aside clock
+        before = d.memo
+        d._do_reload()
+        assert d.memo is not before and d.memo.aside_since == since      # nor does a reload
         monkeypatch.undo()
         d.cycle_once()                                     # the bug gone: no error left in the status
         assert read_status(str(tmp_path / "state" / "status.json")).errors == ()

@@ -220,7 +220,7 @@ class Daemon:
             self._state_failed(exc)
         except Exception as exc:   # noqa: BLE001 - a bug: never a reason to stop serving (SECURITY.md, Containment)
             self._internal(exc, "the cycle raised, nothing applied (jobs are left as they are)")
-            self.memo = CycleMemo()
+            self.memo = self._fresh_memo()
             self._net_after_error()
         else:
             self.last_errors = result.errors
@@ -263,6 +263,12 @@ class Daemon:
             step(*args)
         except Exception as exc:   # noqa: BLE001 - a bug: the next cycle still runs (SECURITY.md, Containment)
             self._internal(exc, f"{step.__name__} raised")
+
+    def _fresh_memo(self) -> CycleMemo:
+        """A memo that decides afresh, keeping since when each job has been set aside: a cycle that
+        raised or a reload must not restart the ``probe_timeout_s`` a set-aside job may keep its
+        nodes for (a user who could make every other cycle raise would keep them for ever)."""
+        return CycleMemo(aside_since=dict(self.memo.aside_since))
 
     def _net_after_error(self) -> None:
         """The safety net on this cycle's observation, when one was taken: a cycle that decided
@@ -471,7 +477,7 @@ class Daemon:
         fresh = make_runner(new)
         self.runner.env, self.runner.timeout_s = fresh.env, fresh.timeout_s
         self.runner.retries, self.runner.backoff_s = fresh.retries, fresh.backoff_s
-        self.memo = CycleMemo()
+        self.memo = self._fresh_memo()
         log.info("config reloaded from %s", self.config_path)
 
     # ------------------------------------------------------------ outputs
