@@ -172,18 +172,50 @@ def test_a_bug_the_pool_alone_triggers_is_nobodys(monkeypatch):
     assert len(calls) == 2                          # every job, then no job: no search over the owners
 
 
-def test_a_bug_only_two_owners_trigger_together_leaves_every_job_as_it_is(monkeypatch):
+def test_a_bug_the_only_two_owners_trigger_together_leaves_every_job_as_it_is(monkeypatch):
+    """Both owners found together are every owner: every job is held, and each is told the kind of
+    error only (its text quotes the other owner's job)."""
     snap, curves = _case()
     real = decide_mod._problem
 
     def problem(jobs, *a, **k):
         if len({j.spec.owner for j in jobs}) > 1:
-            raise RuntimeError("injected: only together")
+            raise RuntimeError(f"injected: only together, {sorted(j.job_id for j in jobs)}")
         return real(jobs, *a, **k)
     monkeypatch.setattr(decide_mod, "_problem", problem)
     got = decide_contained(snap, curves, CFG)
     assert got.held and got.plan.changes() == ()
-    assert "no one owner's jobs alone did" in got.set_aside["m1"]
+    assert "for every owner's jobs, alone or together with another's" in got.set_aside["m1"]
+    assert all("RuntimeError" in why and "injected" not in why for why in got.set_aside.values())
+
+
+def test_a_bug_no_part_of_the_decision_reproduces_costs_a_short_search(monkeypatch):
+    """A bug only the whole decision triggers (here: only with the standing plan handed over) is
+    found in no group of owners, alone or together, and the search says so after one decision of
+    every owner's jobs more, instead of narrowing halves that never raise (up to MAX_TRIES)."""
+    jobs = tuple(job(f"j{i}", f"u{i}", (f"n{i}",)) for i in range(300))
+    snap = Snapshot(5.0, nodes(320), jobs)
+    curves = {j.job_id: curve() for j in jobs}
+    standing = decide(snap, curves, CFG)
+    real = decide_mod.decide
+
+    def only_standing(snapshot, curves, config, outlook=NO_OUTLOOK, standing=None):
+        if standing is not None:
+            raise RuntimeError("injected: with a standing plan")
+        return real(snapshot, curves, config, outlook, standing)
+    monkeypatch.setattr(contain_mod, "decide", only_standing)
+    calls = []
+    monkeypatch.setattr(contain_mod, "_attempt", _counting(contain_mod._attempt, calls))
+    got = decide_contained(snap, curves, CFG, standing=standing)
+    assert got.held and "no owner's jobs alone, nor a few owners' together, did" in got.set_aside["j0"]
+    assert len(calls) == 1 + 1 + 2 + 1          # the first, the pool, the two halves, every owner alone
+
+
+def _counting(real, calls):
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    return counted
 
 
 @pytest.mark.parametrize("pair", [("u3", "u29"), ("u3", "u5"), ("u0", "u39")])
@@ -422,6 +454,32 @@ def test_a_job_whose_own_forecasts_raise_is_set_aside_and_the_others_keep_theirs
     again = run_cycle(backend, _Pausing([]), source, cfg, memo, forecast, contain=True)
     assert list(again.set_aside) == ([] if where == "pause" else ["m1"])
     assert again.errors == (() if where == "pause" else res.errors)
+
+
+@pytest.mark.parametrize("case", ["two owners", "and the pool"])
+def test_forecasts_that_raise_beyond_one_owners_jobs_are_off_for_everyone_and_set_no_one_aside(monkeypatch, case):
+    """Errors in two owners' jobs come from data they share (a profile's pooled pauses): no one is
+    set aside, the cycle goes on without forecasts for everyone, as when the pool's model raises
+    (then a job whose own forecasts raised first is not set aside either: nobody has forecasts)."""
+    cfg = CoreConfig(policy="malletrain", learn_rescale=True)
+    snap, _ = _case()
+    forecast = ForecastSource(cfg)
+    bad = {"m1", "a1"} if case == "two owners" else {"m1"}
+    real = forecast.learner.cost
+
+    def cost(jid, *a, **k):
+        if jid in bad:
+            raise KeyError("injected: a profile's pooled pauses")
+        return real(jid, *a, **k)
+    monkeypatch.setattr(forecast.learner, "cost", cost)
+    if case == "and the pool":
+        monkeypatch.setattr(forecast.history, "stays", lambda *a, **k: 1 / 0)
+    seen = _outlooks(monkeypatch)
+    res = run_cycle(_Backend(snap), _Metrics(), CurveSource(cfg), cfg, CycleMemo(), forecast, contain=True)
+    assert not res.set_aside and seen == [NO_OUTLOOK]
+    want = "forecasts: KeyError: \"injected: a profile's pooled pauses\"" if case == "two owners" \
+        else "forecasts: ZeroDivisionError: division by zero"
+    assert res.errors == (want,), res.errors
 
 
 def test_a_cycle_contains_the_promises_and_the_jpa(monkeypatch):

@@ -103,25 +103,31 @@ def decide_contained(snapshot: Snapshot, curves: Mapping[str, Curve], config: Co
     errors = _distinct((*errors, *culprits.values()))
     if culprits and len(culprits) < len(owners):
         for o, exc in culprits.items():
-            why = (f"deciding its owner's jobs together with another owner's raised {type(exc).__name__} "
-                   "(the service's log has it)" if o in search.together
-                   else f"deciding its owner's jobs raised {error_line(exc)}")
+            why = (f"deciding its owner's jobs together with another owner's raised {_kind(exc)}"
+                   if o in search.together else f"deciding its owner's jobs raised {error_line(exc)}")
             aside.update((j.job_id, why) for j in owners[o])
         second = _attempt(snapshot, aside, curves, config, outlook, None)
         if isinstance(second, Plan):
             return Contained(_kept(snapshot, aside, expired, second), errors, aside)
         errors = _distinct((*errors, second))
-        why = f"the decision raised {error_line(second)}, also without the owners it raised for alone"
+        why = f"the decision raised {_kind(second)}, also without the owners it raised for"
     elif search.pool_raises:
         why = f"the decision raised {error_line(first)}, even without any job: the pool alone triggers it"
     elif search.ran_out:
-        why = f"the decision raised {error_line(first)}; the owners at fault were not found in {MAX_TRIES} tries"
-    elif culprits and not search.together:
-        why = f"the decision raised {error_line(first)} for every owner's jobs"
+        why = f"the decision raised {_kind(first)}; the owners at fault were not found in {MAX_TRIES} tries"
+    elif culprits:
+        why = (f"the decision raised {_kind(first)} for every owner's jobs"
+               + (", alone or together with another's" if search.together else ""))
     else:
-        why = f"the decision raised {error_line(first)} and no one owner's jobs alone did"
+        why = f"the decision raised {_kind(first)} and no owner's jobs alone, nor a few owners' together, did"
     everyone = {j.job_id: aside.get(j.job_id, why) for j in snapshot.jobs}
     return Contained(_kept(snapshot, everyone, expired), errors, everyone, held=True)
+
+
+def _kind(exc: Exception) -> str:
+    """An error as every user whose jobs it holds is told it: its kind only (its text may quote
+    another owner's job; the service's log has it)."""
+    return f"{type(exc).__name__} (the service's log has it)"
 
 
 def _distinct(errors) -> tuple[Exception, ...]:
@@ -168,10 +174,12 @@ class _Search:
         if isinstance(self._alone(()), Exception):      # the pool alone makes it raise: no one is at fault
             self.pool_raises = True
             return found
-        self._halve(list(self.owners), error, found)
+        self._halve(list(self.owners), error, found, checked=False)
         return {} if self.ran_out else found
 
-    def _halve(self, group: list[str], error: Exception, found: dict[str, Exception]) -> None:
+    def _halve(self, group: list[str], error: Exception, found: dict[str, Exception], checked: bool = True) -> None:
+        """Search ``group``, whose jobs raise (``checked``: decided alone; the first group raised in
+        the whole decision, which may differ: a standing plan, the other jobs)."""
         if len(group) == 1:
             found[group[0]] = error
             return
@@ -185,6 +193,11 @@ class _Search:
                 raised = True
                 self._halve(half, got, found)
         if not raised:
+            if not checked:     # raises decided alone too? (else no part of it can be narrowed down to)
+                got = self._alone(group)
+                if not isinstance(got, Exception):
+                    return
+                error = got
             self._together(group[:mid], group[mid:], error, found)
 
     def _together(self, left: list[str], right: list[str], error: Exception, found: dict[str, Exception]) -> None:

@@ -2,11 +2,12 @@
 
 This is the shell around the pure core: it talks to the backend and measures
 the decision latency; ``decide`` and ``reconcile`` do no I/O.  The daemon runs it
-``contain``-ed (:mod:`malletrain.core.contain`): a job whose curve or own forecasts (learned
-pauses, sensitivity) raise, or whose owner's jobs make ``decide`` raise, is set aside (for at most
-``probe_timeout_s`` with its nodes, counted in the memo) and the others are decided; the JPA's
-ingest, the promises or the forecasts that raise otherwise (the pool's availability model) leave
-the cycle going without them.  Each distinct error is logged with its traceback and returned in
+``contain``-ed (:mod:`malletrain.core.contain`): a job whose curve raises, one owner's jobs whose
+own forecasts (learned pauses, sensitivity) raise, and the jobs of the owners whose jobs make
+``decide`` raise are set aside (for at most ``probe_timeout_s`` with their nodes, counted in the
+memo) and the others are decided; the JPA's ingest, the promises, or forecasts that raise
+otherwise (the pool's availability model, several owners' jobs) leave the cycle going without
+them.  Each distinct error is logged with its traceback and returned in
 the :class:`CycleResult`.  Replay never contains: a bug fails the run.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TypeVar
 from malletrain.core.backend import Backend, MetricsSource
 from malletrain.core.contain import decide_contained
 from malletrain.core.curves import CurveSource
-from malletrain.core.decide import decide, plan_violation, protected, starving
+from malletrain.core.decide import decide, owner_of, plan_violation, protected, starving
 from malletrain.core.forecast import ForecastSource
 from malletrain.domain.config import CoreConfig
 from malletrain.domain.errors import PlanError
@@ -153,6 +154,18 @@ def _report(now_s: float, failed: Sequence[tuple[str, Exception]]) -> tuple[str,
     return tuple(lines)
 
 
+def _one_owners(snapshot: Snapshot, unforecast: dict[str, Exception], failed: list[tuple[str, Exception]]) -> None:
+    """Jobs whose own forecasts raised are set aside only where they are one owner's and the rest
+    of the forecasts worked: errors in several owners' jobs come from data they share (a profile's
+    pooled pauses or sensitivities), and then, as when the pool's model raises, the cycle goes on
+    without forecasts for everyone (``unforecast`` emptied; the error kept in ``failed``)."""
+    owners = {owner_of(j) for j in snapshot.jobs if j.job_id in unforecast}
+    if len(owners) > 1:
+        failed.append(("forecasts", next(iter(unforecast.values()))))
+    if len(owners) > 1 or any(kind == "forecasts" for kind, _ in failed):
+        unforecast.clear()
+
+
 def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
               memo: CycleMemo | None = None, forecast: ForecastSource | None = None,
               contain: bool = False) -> CycleResult:
@@ -175,6 +188,10 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     outlook = NO_OUTLOOK
     if forecast is not None and not any(kind == "forecasts" for kind, _ in failed):
         outlook = _guarded(contain, failed, "forecasts", NO_OUTLOOK, forecast.outlook, obs.snapshot, unforecast)
+    if unforecast:
+        _one_owners(obs.snapshot, unforecast, failed)
+        if any(kind == "forecasts" for kind, _ in failed):
+            outlook = NO_OUTLOOK
     no_promise: Mapping[str, float] = {}
     if config.promise and (promise := _guarded(contain, failed, "promises", no_promise, metrics.promises)):
         outlook = replace(outlook, promise=promise)

@@ -16,8 +16,9 @@ placement gives those the fastest nodes.
 ``learn_rescale``, ``availability`` and ``variability`` (CoreConfig) switch each part off.
 A bug that one job's data triggers in its pauses or sensitivity (``failed`` given: the daemon's
 contained cycle) leaves that job out, named in ``failed`` with the exception, and the others'
-forecasts go on; the cycle sets that job aside (:mod:`malletrain.core.contain`), as for a curve
-that raises.  Without ``failed`` (replay, the benchmarks) it raises.
+forecasts go on; where those jobs are one owner's, the cycle sets them aside
+(:mod:`malletrain.core.cycle`, :mod:`malletrain.core.contain`), as for a curve that raises.
+Without ``failed`` (replay, the benchmarks) it raises.
 Each cycle's :class:`Outlook` reuses what did not change: the pauses while the learner's
 version and the jobs are the same, the sensitivities likewise, the stays as the availability
 model keeps them, and the Outlook object itself when all three are the same objects (so the
@@ -118,9 +119,12 @@ class ForecastSource:
         for p in pauses:
             _per_job(failed, p.job_id, self._learn, p, specs)
         for job in finished:
-            self.learner.forget(job)
-            self.sensitivity.forget(job)
-            self._mixed.discard(job)
+            _per_job(failed, job, self._forget, job)
+
+    def _forget(self, job: str) -> None:
+        self.learner.forget(job)
+        self.sensitivity.forget(job)
+        self._mixed.discard(job)
 
     def _register(self, job: str, profile: str, elastic: bool) -> None:
         self.learner.register(job, profile, elastic)
