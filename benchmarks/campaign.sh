@@ -37,9 +37,10 @@ run campaign-theta   malletrain bench campaign --trace "$DATA/traces/theta_2022.
 run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 \
     --modes random-full,asha,asha-promise "$@"
-# TPE instead of random search (stop 62, results/campaign-theta-week-tpe.txt, ~8 minutes; not run here):
+# TPE instead of random search (stop 62, results/campaign-theta-week-tpe.txt, ~45 minutes; not run here):
 #   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
-#       --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes asha --sampler tpe
+#       --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 --modes asha --sampler tpe
+#   (and --seeds 3 --modes asha-promise --sampler tpe)
 # A bound on any allocation of the ASHA modes (--bound: the idle node-hours and the order the study
 # asks its cells in, pauses free), 20 seeds, with random-full for the ceiling of a gain over it; the
 # README's figures against asha and asha-promise take their means from the files above. ~10 minutes each.
