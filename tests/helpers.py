@@ -394,6 +394,24 @@ def wait_pending(pid: int, sig: int, timeout_s: float = 60) -> None:
     raise AssertionError(f"signal {sig} never reached process {pid} in {timeout_s} s")
 
 
+def sigterm_at_frozen_step(p, marker: str, metrics: str, step: int) -> dict:
+    """SIGTERM the launcher ``p`` while its last rank is frozen after ``step`` (started with
+    ``freeze_at=step``; the worker found by ``marker``), and continue that rank once the signal is
+    pending for it: no rank can step on before the signal is there, so the run stops at ``step``
+    or the next whatever the machine's load.  Checks the stop (exit 3, a SIGTERM, within 10 s, at
+    ``step`` or ``step + 1``) and returns its ``exit`` record."""
+    frozen = frozen_worker(marker)
+    p.send_signal(signal.SIGTERM)
+    wait_pending(frozen, signal.SIGTERM)
+    os.kill(frozen, signal.SIGCONT)
+    rc, _, err = finished(p)
+    assert rc == 3, err[-3000:]
+    stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
+    assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
+    assert stop["step"] in (step, step + 1), "the stop should come at the frozen step or the next"
+    return stop
+
+
 def param_diff(a, b):
     """The largest difference of a parameter between two saved state dicts."""
     import torch

@@ -13,14 +13,13 @@ import signal
 import pytest
 from helpers import (
     finished,
-    frozen_worker,
     kill_frozen_worker,
     launch_example,
     param_diff,
     plain_run_ended,
     progress_records,
+    sigterm_at_frozen_step,
     torchrun,
-    wait_pending,
     worker_pids,
 )
 
@@ -53,15 +52,7 @@ def test_accelerate_helper_resumes_across_world_sizes_signals_and_kill9(tmp_path
     # signal is there (a loaded CI machine once took 8 steps between the test's poll and the
     # signal and landed on step 20; the test then retried, as the HF and Lightning tests no longer need to)
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, extra=ckpt, metrics=metrics, freeze_at=12)
-    frozen = frozen_worker(f"--ckpt {tmp_path / 'ck'}")
-    p.send_signal(signal.SIGTERM)
-    wait_pending(frozen, signal.SIGTERM)
-    os.kill(frozen, signal.SIGCONT)
-    rc, _, err = finished(p)
-    assert rc == 3, err[-3000:]
-    stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
-    assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
-    assert stop["step"] in (12, 13), "the stop should come at the frozen step or the next"
+    stop = sigterm_at_frozen_step(p, f"--ckpt {tmp_path / 'ck'}", metrics, 12)
     assert any(r["event"] == "checkpoint" and r["step"] == stop["step"] for r in progress_records(metrics))
     saved = tmp_path / "ck" / f"step-{stop['step']}"
     assert (saved / "malletrain-complete.json").is_file()

@@ -13,12 +13,11 @@ import pytest
 from helpers import (
     at_step,
     finished,
-    frozen_worker,
     kill_frozen_worker,
     plain_run_ended,
     progress_records,
+    sigterm_at_frozen_step,
     torchrun,
-    wait_pending,
     worker_pids,
 )
 
@@ -62,15 +61,7 @@ def test_hf_adapter_resumes_across_world_sizes_signals_and_kill9(tmp_path):
     # on before the signal is there: a loaded CI machine once let the ranks run 8 steps between the
     # test's poll of the records and the signal's arrival, onto the epoch's end (step 22)
     p = _run("train_malleable.py", 3, tmp_path, "out", epochs, metrics=metrics, freeze_at=STEPS + 3)
-    frozen = frozen_worker(f"--out-dir {run}")
-    p.send_signal(signal.SIGTERM)
-    wait_pending(frozen, signal.SIGTERM)
-    os.kill(frozen, signal.SIGCONT)
-    rc, _, err = finished(p)
-    assert rc == 3, err[-3000:]
-    stop = [r for r in progress_records(metrics) if r["event"] == "exit"][-1]
-    assert stop["reason"] == "signal" and stop["signal"] == "SIGTERM" and stop["signal_to_exit_s"] < 10
-    assert stop["step"] in (STEPS + 3, STEPS + 4), "the stop should come at the frozen step or the next"
+    stop = sigterm_at_frozen_step(p, f"--out-dir {run}", metrics, STEPS + 3)
     saved = run / f"checkpoint-{stop['step']}"
     assert (saved / "malletrain-complete.json").is_file()
     # a newer checkpoint left half-written (no manifest: the save did not finish)
