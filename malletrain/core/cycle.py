@@ -154,16 +154,19 @@ def _report(now_s: float, failed: Sequence[tuple[str, Exception]]) -> tuple[str,
     return tuple(lines)
 
 
-def _one_owners(snapshot: Snapshot, unforecast: dict[str, Exception], failed: list[tuple[str, Exception]]) -> None:
+def _off_for_everyone(snapshot: Snapshot, unforecast: dict[str, Exception],
+                      failed: list[tuple[str, Exception]]) -> bool:
     """Jobs whose own forecasts raised are set aside only where they are one owner's and the rest
-    of the forecasts worked: errors in several owners' jobs come from data they share (a profile's
-    pooled pauses or sensitivities), and then, as when the pool's model raises, the cycle goes on
-    without forecasts for everyone (``unforecast`` emptied; the error kept in ``failed``)."""
-    owners = {owner_of(j) for j in snapshot.jobs if j.job_id in unforecast}
-    if len(owners) > 1:
+    of the forecasts worked (else ``unforecast`` is emptied).  Errors in several owners' jobs come
+    from data they share (a profile's pooled pauses or sensitivities): then, as when the pool's
+    model raises, the cycle goes on without forecasts for everyone (the error kept in ``failed``;
+    True: the outlook is to be dropped)."""
+    several = len({owner_of(j) for j in snapshot.jobs if j.job_id in unforecast}) > 1
+    if several:
         failed.append(("forecasts", next(iter(unforecast.values()))))
-    if len(owners) > 1 or any(kind == "forecasts" for kind, _ in failed):
+    if several or any(kind == "forecasts" for kind, _ in failed):
         unforecast.clear()
+    return several
 
 
 def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, config: CoreConfig,
@@ -188,10 +191,8 @@ def run_cycle(backend: Backend, metrics: MetricsSource, source: CurveSource, con
     outlook = NO_OUTLOOK
     if forecast is not None and not any(kind == "forecasts" for kind, _ in failed):
         outlook = _guarded(contain, failed, "forecasts", NO_OUTLOOK, forecast.outlook, obs.snapshot, unforecast)
-    if unforecast:
-        _one_owners(obs.snapshot, unforecast, failed)
-        if any(kind == "forecasts" for kind, _ in failed):
-            outlook = NO_OUTLOOK
+    if unforecast and _off_for_everyone(obs.snapshot, unforecast, failed):
+        outlook = NO_OUTLOOK        # (a forecast step that raised already left it so)
     no_promise: Mapping[str, float] = {}
     if config.promise and (promise := _guarded(contain, failed, "promises", no_promise, metrics.promises)):
         outlook = replace(outlook, promise=promise)
