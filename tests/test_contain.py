@@ -569,9 +569,50 @@ def test_the_daemon_serves_alice_while_mallorys_jobs_make_decide_raise(tmp_path,
         before = d.memo
         d._do_reload()
         assert d.memo is not before and d.memo.aside_since == since      # nor does a reload
+        d.store.close()
+        d, _ = _daemon(tmp_path, fake)                     # nor does a restart of the service
+        assert d.memo.aside_since == since
         monkeypatch.undo()
         d.cycle_once()                                     # the bug gone: no error left in the status
         assert read_status(str(tmp_path / "state" / "status.json")).errors == ()
+        assert d.memo.aside_since == {}
+        d.store.close()
+        d, _ = _daemon(tmp_path, fake)                     # and what was stored went with it
+        assert d.memo.aside_since == {}
+    finally:
+        d.store.close()
+
+
+@pytest.mark.parametrize("stored", [["7"], {"7": "soon"}, {"7": float("nan")}, {"7": True}, {"x" * 129: 1.0},
+                                    {str(i): 1.0 for i in range(100_001)}])
+def test_stored_set_aside_times_the_daemon_did_not_write_are_dropped_with_a_warning(tmp_path, caplog, stored):
+    from test_daemon_units import _daemon
+    fake = _two_users()
+    d, _ = _daemon(tmp_path, fake)
+    d.store.put("aside", stored)
+    d.store.close()
+    with caplog.at_level(logging.WARNING, logger="malletrain.daemon"):
+        d, _ = _daemon(tmp_path, fake)
+    try:
+        assert d.memo.aside_since == {} and "stored set-aside times unreadable" in caplog.text
+    finally:
+        d.store.close()
+
+
+def test_a_stored_set_aside_time_after_now_counts_from_now(tmp_path):
+    """A clock set back must not lengthen the time a set-aside job keeps its nodes."""
+    import time as _time
+
+    from test_daemon_units import _daemon
+    fake = _two_users()
+    d, _ = _daemon(tmp_path, fake)
+    d.store.put("aside", {"7": _time.time() + 86400.0, "8": 1000.0})
+    d.store.close()
+    before = _time.time()
+    d, _ = _daemon(tmp_path, fake)
+    try:
+        assert d.memo.aside_since["8"] == 1000.0
+        assert before <= d.memo.aside_since["7"] <= _time.time()
     finally:
         d.store.close()
 

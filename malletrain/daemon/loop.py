@@ -24,6 +24,7 @@ the pass does not land inside a decision.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -63,6 +64,8 @@ from malletrain.slurm.runner import Runner
 log = logging.getLogger("malletrain.daemon")
 
 DAEMON_POLICIES = ("malletrain", "static")
+MAX_ASIDE = 100_000     # stored set-aside times beyond this many: the file is not what the daemon wrote
+MAX_JOB_ID = 128        # characters of a stored job id, likewise
 
 
 def check_config(cfg: Config, where: str) -> Config:
@@ -164,7 +167,8 @@ class Daemon:
         self._retired_saved = self.source.advisor.retired()
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
-        self.memo = CycleMemo()
+        self.memo = CycleMemo(aside_since=self._load_aside())
+        self._aside_saved = dict(self.memo.aside_since)
         self.plan: Plan | None = None
         self.last_errors: tuple[str, ...] = ()   # what the last cycle contained (or the cycle's own error)
         self.reasons: dict[str, Action] = {}
@@ -227,6 +231,7 @@ class Daemon:
             for kind in sorted({e.split(":", 1)[0] for e in result.errors if not e.startswith("...")}):
                 self.metrics.cycle_errors.labels(kind=kind).inc()
             self._guarded(self._after_cycle, result)
+        self._guarded(self._save_aside)
         reads, writes, lat = self.runner.stats.take()
         cycle_s = time.perf_counter() - t0
         self._guarded(self._export, result, reads, writes, lat, cycle_s)
@@ -269,6 +274,35 @@ class Daemon:
         raised or a reload must not restart the ``probe_timeout_s`` a set-aside job may keep its
         nodes for (a user who could make every other cycle raise would keep them for ever)."""
         return CycleMemo(aside_since=dict(self.memo.aside_since))
+
+    def _load_aside(self) -> dict[str, float]:
+        """Since when each job has been set aside, as the last service process left it: a restart
+        must not restart a set-aside job's ``probe_timeout_s`` either.  The daemon's own file, read
+        defensively all the same: anything but a bounded map of job ids to finite times is dropped
+        (with a warning), and a time after now (a clock set back) counts from now."""
+        try:
+            raw = self.store.get("aside", {})
+        except StateError as exc:
+            log.warning("stored set-aside times unreadable, counting afresh: %s", exc)
+            return {}
+        now = self.clock()
+        if (not isinstance(raw, dict) or len(raw) > MAX_ASIDE
+                or not all(isinstance(j, str) and len(j) <= MAX_JOB_ID and type(t) in (int, float)
+                           and math.isfinite(t) for j, t in raw.items())):
+            log.warning("stored set-aside times unreadable, counting afresh")
+            return {}
+        return {j: min(float(t), now) for j, t in raw.items()}
+
+    def _save_aside(self) -> None:
+        """Since when each job has been set aside survives a restart (written when it changed)."""
+        since = self.memo.aside_since
+        if since != self._aside_saved and not self.journal.read_only:
+            try:
+                self.store.put("aside", since)
+            except StateError as exc:
+                self._state_failed(exc)
+                return
+            self._aside_saved = dict(since)
 
     def _net_after_error(self) -> None:
         """The safety net on this cycle's observation, when one was taken: a cycle that decided

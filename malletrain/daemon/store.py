@@ -3,7 +3,7 @@
 Tables: ``books`` (per-job memory the backend writes ahead of every Slurm
 step), ``samples`` (JPA input, so a restart keeps what was learned),
 ``actions`` (every applied change with its reason, for ``explain``) and
-``kv`` (progress-file offsets, counters).  Every write is its own
+``kv`` (progress-file offsets, counters, learned pauses, since when jobs are set aside).  Every write is its own
 transaction (WAL mode), so ``kill -9`` at any point leaves a consistent file.
 Any sqlite or OS error (a full disk, a broken file) raises
 :class:`StateError`; the daemon then applies nothing until writes work again.
