@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--jobs", type=positive(int), default=1000, help="jobs of the generated workloads")
     bc.add_argument("--max-jobs", type=positive(int), default=10, help="admitted at once (default 10)")
     bc.add_argument("--alloc-repeat", type=positive(int), default=30, help="allocator decisions per mode")
+    bc.add_argument("--repeat", type=positive(int), default=1,
+                    help="replays per trace and mode, alternating; the median pair's ratio is held to "
+                         "the target (default 1)")
     bc.add_argument("--guard", action="store_true", help="exit 1 when a target is missed")
     bc.add_argument("--digest", action="store_true",
                     help="print a digest of every plan per replay, to compare commits (slower: not for timing)")
@@ -233,7 +236,7 @@ def _bench_forecasts(a: argparse.Namespace) -> int:
         raise MalletrainError(f"--traces: one or more of {','.join(TRACES)}, got {a.traces!r}")
     report = bench_forecasts(a.data, traces, a.jobs, a.max_jobs, a.alloc_repeat,
                              out=sys.stderr if a.json else sys.stdout, digest=a.digest, split=a.split,
-                             floor=a.floor)
+                             floor=a.floor, repeat=a.repeat)
     if a.json:
         report.emit(True)
     return 1 if a.guard and report.data["missed"] else 0

@@ -5,9 +5,11 @@ forecasts (learned pauses, node availability, variability: the ``malletrain`` po
 defaults) and without them (``--no-availability --no-variability --no-learn-rescale``) —
 and times ``malletrain bench allocator`` at Summit scale both ways.  It prints wall time,
 decisions and decision p50/p95 per mode and the on/off ratios; only ratios taken in one run
-compare on a shared machine.  ``--digest`` adds a digest of every plan and of the jobs' progress
-to each replay line: the same digests before and after a change mean the same decisions (the
-hashing slows the replays; take timings without it).  ``--guard`` exits 1 when a target of
+compare on a shared machine, and on this one a single pair's ratio moves by about a tenth from
+run to run: ``--repeat N`` replays each trace N times each way (the order alternating), prints
+every pair's ratio and holds the median to the target.  ``--digest`` adds a digest of every plan
+and of the jobs' progress to each replay line: the same digests before and after a change mean
+the same decisions (the hashing slows the replays; take timings without it).  ``--guard`` exits 1 when a target of
 issue #23 is missed:
 
 * replay wall time with forecasts <= 1.5x without, on every trace;
@@ -34,6 +36,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -224,9 +227,26 @@ def _replay(trace, workload, on: bool, max_jobs: int | None, digest: bool = Fals
             "stood": last[2] if digest else None, "kinds": kinds if split and not digest else None}
 
 
+def _paired(trace, workload, max_jobs: int | None, digest: bool, split: bool,
+            repeat: int) -> tuple[dict, dict, list[float]]:
+    """``repeat`` pairs of replays without and with the forecasts, the order alternating (off, on;
+    on, off; …) so that a machine growing slower or faster during the run favours neither mode.
+    Returns the off and on replays whose wall time is the median of their mode (the decisions
+    are the same in every repeat: one seeded replay) and each pair's on/off ratio."""
+    offs, ons = [], []
+    for i in range(repeat):
+        for on in ((False, True) if i % 2 == 0 else (True, False)):
+            (ons if on else offs).append(_replay(trace, workload, on, max_jobs, digest, split))
+    ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(offs, ons)]
+
+    def median_run(runs: list[dict]) -> dict:
+        return sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2]
+    return median_run(offs), median_run(ons), ratios
+
+
 def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, jobs: int = 1000,
                     max_jobs: int | None = 10, alloc_repeat: int = 30, out: TextIO | None = None,
-                    digest: bool = False, split: bool = False, floor: bool = False) -> Report:
+                    digest: bool = False, split: bool = False, floor: bool = False, repeat: int = 1) -> Report:
     """``out``: where each line goes as soon as it is measured (None: nowhere).  ``digest``: each
     replay line also names a digest of every plan (allocations, actions and reasons) and of the
     jobs' progress, to compare two commits, and counts the decisions made afresh that changed
@@ -235,7 +255,8 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
     figures.  ``split`` (not with ``digest``): each replay line is followed by the cycles of each
     kind (plan reused, plan stood, fresh with no change, fresh with changes) and the seconds spent
     in the cycle (observe, decide, apply) for each: where the forecasts' cost lies.  ``floor``: per
-    trace, the replay with the model's answers played back (module docstring)."""
+    trace, the replay with the model's answers played back (module docstring).  ``repeat``: pairs of
+    replays per trace (:func:`_paired`); the ratio the targets read is the median pair's."""
     from devtools.datasets import default_data_dir
     from malletrain.bench.allocator import bench_allocator
     data = data or default_data_dir()
@@ -249,10 +270,9 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
         t0 = time.perf_counter()
         trace, workload, label = _trace_and_workload(name, data, jobs)
         load_s = time.perf_counter() - t0
-        off = _replay(trace, workload, False, max_jobs, digest, split)
-        on = _replay(trace, workload, True, max_jobs, digest, split)
+        off, on, ratios = _paired(trace, workload, max_jobs, digest, split, repeat)
         row = {"trace": name, "label": label, "events": trace.n_events, "load_s": load_s, "on": on, "off": off,
-               "wall_ratio": on["wall_s"] / off["wall_s"]}
+               "wall_ratio": statistics.median(ratios), "wall_ratios": ratios}
         rows.append(row)
         for mode, r in (("off", off), ("on ", on)):
             say(f"replay {label}: forecasts {mode} {r['wall_s']:7.1f} s wall, {r['decisions']:6d} decisions "
@@ -264,7 +284,9 @@ def bench_forecasts(data: str | None = None, traces: tuple[str, ...] = TRACES, j
                 say(f"  cycles {mode.strip()}: " + "; ".join(
                     f"{k} {n} in {sec:.1f} s ({1000 * sec / n:.3f} ms each)" if n else f"{k} 0"
                     for k, (n, sec) in r["kinds"].items()))
-        say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x (target <= {RATIO_MAX}x), decisions "
+        each = (f" (median of {len(ratios)} pairs: " + ", ".join(f"{x:.2f}" for x in ratios) + ")"
+                if len(ratios) > 1 else "")
+        say(f"replay {label}: on/off wall {row['wall_ratio']:.2f}x{each} (target <= {RATIO_MAX}x), decisions "
             f"{on['decisions'] / max(1, off['decisions']):.2f}x, p50 {on['p50_ms'] / off['p50_ms']:.2f}x, "
             f"p95 {on['p95_ms'] / off['p95_ms']:.2f}x")
         if floor:

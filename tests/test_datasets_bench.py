@@ -208,6 +208,23 @@ def test_bench_forecasts_digest_names_the_decisions(data_dir):
     assert _replay(trace, workload, False, 10)["repeated"] is None
 
 
+def test_bench_forecasts_repeat_alternates_the_order_and_holds_the_median_pair(monkeypatch):
+    """``--repeat N``: N replays each way, the order alternating (a machine that grows slower during
+    the run favours neither mode), every pair's ratio kept, the median run of each mode reported."""
+    from devtools import bench_forecasts as bf
+    walls = iter([10.0, 16.0, 20.0, 11.0, 12.0, 30.0])     # off, on; on, off; off, on
+    order: list[bool] = []
+
+    def fake(trace, workload, on, max_jobs, digest=False, split=False):
+        order.append(on)
+        return {"wall_s": next(walls), "on": on}
+    monkeypatch.setattr(bf, "_replay", fake)
+    off, on, ratios = bf._paired(None, None, 10, False, False, 3)
+    assert order == [False, True, True, False, False, True]
+    assert ratios == [16.0 / 10.0, 20.0 / 11.0, 30.0 / 12.0]
+    assert (off["wall_s"], on["wall_s"]) == (11.0, 20.0)
+
+
 def test_bench_forecasts_split_counts_every_cycle_once(data_dir):
     """``bench forecasts --split``: the cycles of each kind add up to the replay's cycles, the reused
     and stood ones are the replay's own counts, and each kind's time is within the replay's."""
