@@ -298,3 +298,37 @@ def test_no_asha_run_reaches_the_target_before_the_bound(table, seed):
             soonest = min(soonest, max(cap.earliest(rungs + cell.train_time_s), cap.earliest(rungs) + wall))
         rungs += cell.train_time_s * setup.min_resource / nas.EPOCHS - 2e-3
     assert bounds[1] == pytest.approx(soonest, rel=1e-12)
+
+
+def test_plot_draws_each_runs_best_against_the_hours_and_a_bad_path_stops_before_the_runs(table, monkeypatch,
+                                                                                          tmp_path, capsys):
+    """``--plot PNG``: each run's best complete trial as it improved (recorded at every new best, the
+    last one the run's best), drawn with the target and the idle node-hours; written whole.  A path
+    that cannot be written is exit 2 before any run (a long replay does not end in a lost plot)."""
+    import json
+
+    from malletrain.bench import campaign as bc
+    from malletrain.cli.main import main
+    from malletrain.replay import traces
+    monkeypatch.setattr(traces, "load_trace", lambda *a, **k: _trace(hours=6.0))
+    monkeypatch.setattr(nas, "load_table", lambda: table)
+    png = tmp_path / "c.png"
+    args = ["bench", "campaign", "--trace", "t.csv", "--modes", "random-full,asha", "--seeds", "2",
+            "--max-concurrent", "4", "--max-nodes", "2", "--target", "5", "--json"]
+    assert main(args + ["--plot", str(png), "--bound"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert [p.name for p in tmp_path.iterdir()] == ["c.png"]          # no temporary file left
+    for r in runs:
+        series = r["best_series"]
+        assert series, r
+        assert all(a[0] <= b[0] and a[1] < b[1] for a, b in zip(series, series[1:]))
+        assert series[-1][1] == r["best"]
+        if r["reached_s"] is not None:
+            assert series[-1][0] == pytest.approx(r["reached_s"] / 3600.0)
+    ran = []
+    monkeypatch.setattr(bc, "run_campaign", lambda *a, **k: ran.append(1))
+    for bad in (tmp_path / "no" / "c.png", tmp_path):
+        assert main(args + ["--plot", str(bad)]) == 2
+        assert "cannot write the plot" in capsys.readouterr().err
+    assert ran == []

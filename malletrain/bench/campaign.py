@@ -107,6 +107,7 @@ class CampaignOutcome:
     span_s: float = 0.0
     wall_s: float = 0.0
     pruned_jobs: set[str] = field(default_factory=set)
+    best_series: list[tuple[float, float]] = field(default_factory=list)   # (hours since start, best %): each new best
 
 
 class CampaignDriver:
@@ -148,7 +149,9 @@ class CampaignDriver:
             value = lv.model.accuracy(math.inf)
             self.study.complete(lv.number, value)
             self.out.completed += 1
-            self.out.best = max(self.out.best, value)
+            if value > self.out.best:
+                self.out.best = value
+                self.out.best_series.append(((t - self.start_s) / 3600.0, value))
             if value >= self.target and self.out.reached_s is None:
                 self.out.reached_s = t - self.start_s
                 self.over = True
@@ -272,13 +275,18 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
 def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, seeds: int = 3, nodes: int | None = None,
                    start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
                    interval_s: float = 30.0, progress: bool = True, first_seed: int = 0,
-                   objective: str = "samples", bound: bool = False) -> Report:
+                   objective: str = "samples", bound: bool = False, plot: str | None = None) -> Report:
     """Every mode over ``seeds`` seeds (``first_seed`` on) on one trace (module docstring); the
     figures and ratios; with ``bound``, :func:`asha_bound` per seed and the most any allocation of
-    the ASHA modes could gain.  A run's seed fixes its study, its trials' learning curves and the noise:
+    the ASHA modes could gain; with ``plot``, a PNG there of each run's best trial against the
+    hours and the trace's idle node-hours (:mod:`malletrain.bench.campaign_plot`; the path is
+    checked before the runs).  A run's seed fixes its study, its trials' learning curves and the noise:
     seeds 5–9 run alone are the same runs as within seeds 0–9."""
+    from malletrain.bench.campaign_plot import check_plot_path, plot_campaign
     from malletrain.replay.nas import load_table
     from malletrain.replay.traces import load_trace
+    if plot is not None:
+        check_plot_path(plot)
     trace = load_trace(trace_path, nodes=nodes, start=start, end=end)
     table = load_table()
     outcomes: dict[str, list[CampaignOutcome]] = {}
@@ -308,13 +316,18 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                      f"{statistics.fmean(o.completed for o in got):.0f}")
     lines += _ratios(outcomes)
     bounds: list[float | None] = []
-    if bound:
-        capacity = IdleCapacity.of(trace)
+    capacity = IdleCapacity.of(trace) if bound or plot is not None else None
+    if bound and capacity is not None:
         for seed in range(first_seed, first_seed + seeds):
             bounds.append(asha_bound(capacity, table, seed, setup))
             if progress:
                 print(f"  {'bound':13s} seed {seed}: {_hours(bounds[-1])} at the earliest", file=sys.stderr)
         lines += _bound_lines(bounds, trace.end_s - trace.start_s, outcomes)
+    if plot is not None and capacity is not None:
+        plot_campaign(outcomes, capacity, table.best - setup.target_points, table.best, plot,
+                      f"NAS-Bench-201 campaign on {trace_path}'s idle nodes "
+                      f"(seeds {first_seed}-{first_seed + seeds - 1}, sampler {setup.sampler})", bounds)
+        lines.append(f"plot: {plot}")
     data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
             "setup": setup.__dict__, "bound_s": bounds if bound else None,
             "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}

@@ -234,6 +234,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     help="found: a complete trial within this many points of the table's best (default 1)")
     bn.add_argument("--interval", type=INTERVAL, default=30.0, metavar="S",
                     help="decide at least every S seconds (default 30)")
+    bn.add_argument("--plot", metavar="PNG",
+                    help="also draw each run's best trial against the hours, with the target and the trace's "
+                         "idle node-hours beneath (checked before the runs; written when they end)")
     bn.add_argument("--bound", action="store_true",
                     help="also print, per seed, a time before which no allocation of the ASHA modes can reach "
                          "the target on this trace (the idle node-hours and the order the study asks its "
@@ -317,7 +320,8 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
                           target_points=args.target, sampler=args.sampler)
     bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start, end=args.end,
                    setup=setup, interval_s=args.interval, progress=not args.json,
-                   first_seed=args.first_seed, objective=args.objective, bound=args.bound).emit(args.json)
+                   first_seed=args.first_seed, objective=args.objective, bound=args.bound,
+                   plot=args.plot).emit(args.json)
     return 0
 
 
