@@ -48,3 +48,10 @@ run campaign-philly-bound malletrain bench campaign --trace examples/philly-1day
     --modes random-full --bound "$@"
 run campaign-theta-week-bound malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes random-full --bound "$@"
+# The runs drawn (stop 63, --plot: each run's best trial against the hours, the idle node-hours
+# beneath), seeds 0-2 of the three modes with the bound; ~8 minutes each:
+run campaign-philly-plot malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 3 --bound \
+    --plot "$RES/campaign-philly.png" "$@"
+run campaign-theta-week-plot malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes random-full,asha,asha-promise \
+    --bound --plot "$RES/campaign-theta-week.png" "$@"

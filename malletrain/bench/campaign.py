@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -325,7 +326,7 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
         lines += _bound_lines(bounds, trace.end_s - trace.start_s, outcomes)
     if plot is not None and capacity is not None:
         plot_campaign(outcomes, capacity, table.best - setup.target_points, table.best, plot,
-                      f"NAS-Bench-201 campaign on {trace_path}'s idle nodes "
+                      f"NAS-Bench-201 campaign on the idle nodes of {os.path.basename(trace_path)} "
                       f"(seeds {first_seed}-{first_seed + seeds - 1}, sampler {setup.sampler})", bounds)
         lines.append(f"plot: {plot}")
     data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
