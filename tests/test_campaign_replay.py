@@ -326,9 +326,37 @@ def test_plot_draws_each_runs_best_against_the_hours_and_a_bad_path_stops_before
         assert series[-1][1] == r["best"]
         if r["reached_s"] is not None:
             assert series[-1][0] == pytest.approx(r["reached_s"] / 3600.0)
+    # a plot that cannot be written once the runs are done: their figures are reported, exit 2
+    from malletrain.bench import campaign_plot
+
+    def unwritable(path, data, mode=0o600):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(campaign_plot, "write_atomic", unwritable)
+    assert main(args + ["--plot", str(tmp_path / "d.png")]) == 2
+    out = capsys.readouterr()
+    assert json.loads(out.out)["plot_error"].endswith("cannot write the plot: Permission denied")
+    assert "error:" in out.err and "cannot write the plot" in out.err and not (tmp_path / "d.png").exists()
     ran = []
     monkeypatch.setattr(bc, "run_campaign", lambda *a, **k: ran.append(1))
-    for bad in (tmp_path / "no" / "c.png", tmp_path):
+    for bad in (tmp_path / "no" / "c.png", tmp_path, str(tmp_path / "e") + "/", ""):
         assert main(args + ["--plot", str(bad)]) == 2
         assert "cannot write the plot" in capsys.readouterr().err
     assert ran == []
+
+
+def test_a_mode_whose_first_run_drew_nothing_still_has_its_legend_entry(tmp_path, monkeypatch):
+    from malletrain.bench import campaign_plot
+    from malletrain.bench.campaign import CampaignOutcome, IdleCapacity
+    labels = []
+    import matplotlib.axes
+    real = matplotlib.axes.Axes.step
+
+    def spy(self, *a, **kw):
+        labels.append(kw.get("label"))
+        return real(self, *a, **kw)
+    monkeypatch.setattr(matplotlib.axes.Axes, "step", spy)
+    empty = CampaignOutcome("asha", 0, span_s=7200.0)
+    drawn = CampaignOutcome("asha", 1, reached_s=3600.0, span_s=7200.0, best_series=[(0.5, 60.0), (1.0, 70.0)])
+    cap = IdleCapacity(np.array([0.0, 7200.0]), np.array([2.0]), np.array([0.0, 14400.0]))
+    campaign_plot.plot_campaign({"asha": [empty, drawn, drawn]}, cap, 69.0, 70.0, str(tmp_path / "p.png"), "t")
+    assert labels == ["asha", None] and (tmp_path / "p.png").stat().st_size > 0

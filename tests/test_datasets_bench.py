@@ -219,10 +219,12 @@ def test_bench_forecasts_repeat_alternates_the_order_and_holds_the_median_pair(m
         order.append(on)
         return {"wall_s": next(walls), "on": on}
     monkeypatch.setattr(bf, "_replay", fake)
-    off, on, ratios = bf._paired(None, None, 10, False, False, 3)
+    off, on, ratios, ratio = bf._paired(None, None, 10, False, False, 3)
     assert order == [False, True, True, False, False, True]
     assert ratios == [16.0 / 10.0, 20.0 / 11.0, 30.0 / 12.0]
-    assert (off["wall_s"], on["wall_s"]) == (11.0, 20.0)
+    assert (off["wall_s"], on["wall_s"], ratio) == (11.0, 20.0, 20.0 / 11.0)      # the median pair's runs
+    walls = iter([10.0, 30.0, 10.0, 10.0])              # two pairs: 3.0 and 1.0; the higher middle one
+    assert bf._paired(None, None, 10, False, False, 2)[1:] == ({"wall_s": 30.0, "on": True}, [3.0, 1.0], 3.0)
 
 
 def test_bench_forecasts_split_counts_every_cycle_once(data_dir):

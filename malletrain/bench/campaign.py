@@ -281,9 +281,11 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
     figures and ratios; with ``bound``, :func:`asha_bound` per seed and the most any allocation of
     the ASHA modes could gain; with ``plot``, a PNG there of each run's best trial against the
     hours and the trace's idle node-hours (:mod:`malletrain.bench.campaign_plot`; the path is
-    checked before the runs).  A run's seed fixes its study, its trials' learning curves and the noise:
-    seeds 5–9 run alone are the same runs as within seeds 0–9."""
+    checked before the runs; a plot that cannot be written after them is ``plot_error`` in the
+    report's data, the figures reported all the same).  A run's seed fixes its study, its trials'
+    learning curves and the noise: seeds 5–9 run alone are the same runs as within seeds 0–9."""
     from malletrain.bench.campaign_plot import check_plot_path, plot_campaign
+    from malletrain.domain.errors import InputError
     from malletrain.replay.nas import load_table
     from malletrain.replay.traces import load_trace
     if plot is not None:
@@ -324,13 +326,18 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
             if progress:
                 print(f"  {'bound':13s} seed {seed}: {_hours(bounds[-1])} at the earliest", file=sys.stderr)
         lines += _bound_lines(bounds, trace.end_s - trace.start_s, outcomes)
+    plot_error = None
     if plot is not None and capacity is not None:
-        plot_campaign(outcomes, capacity, table.best - setup.target_points, table.best, plot,
-                      f"NAS-Bench-201 campaign on the idle nodes of {os.path.basename(trace_path)} "
-                      f"(seeds {first_seed}-{first_seed + seeds - 1}, sampler {setup.sampler})", bounds)
-        lines.append(f"plot: {plot}")
+        try:
+            plot_campaign(outcomes, capacity, table.best - setup.target_points, table.best, plot,
+                          f"NAS-Bench-201 campaign on the idle nodes of {os.path.basename(trace_path)} "
+                          f"(seeds {first_seed}-{first_seed + seeds - 1}, sampler {setup.sampler})", bounds)
+            lines.append(f"plot: {plot}")
+        except InputError as exc:       # the runs' figures are still reported; the caller exits 2
+            plot_error = str(exc)
+            lines.append(f"plot NOT written: {plot_error}")
     data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
-            "setup": setup.__dict__, "bound_s": bounds if bound else None,
+            "setup": setup.__dict__, "bound_s": bounds if bound else None, "plot_error": plot_error,
             "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}
                      for got in outcomes.values() for o in got]}
     return Report(data, lines)

@@ -30,6 +30,8 @@ COLOURS = {"random-full": "#7f7f7f", "asha": "#1f77b4", "asha-promise": "#d62728
 def check_plot_path(path: str) -> None:
     """:class:`InputError` when ``path`` obviously cannot be written (checked before the runs: a
     directory there, or a parent that is missing, not a directory or not writable)."""
+    if not os.path.basename(path):      # empty, or ends in a separator: no file name
+        raise InputError("cannot write the plot: not a file name", path=path or "''")
     full = os.path.abspath(path)
     parent = os.path.dirname(full)
     if os.path.isdir(full):
@@ -58,14 +60,16 @@ def plot_campaign(outcomes: Mapping[str, Sequence[CampaignOutcome]], capacity: I
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=(2.2, 1.0))
     for mode, got in outcomes.items():
         colour = COLOURS.get(mode)
-        for i, o in enumerate(got):
-            if not o.best_series:
+        labelled = False
+        for o in got:
+            if not o.best_series:       # nothing completed in this run: no line
                 continue
             xs = [t for t, _ in o.best_series]
             ys = [v for _, v in o.best_series]
             stop_h = o.reached_s / 3600.0 if o.reached_s is not None else end_h
             top.step(xs + [stop_h], ys + [ys[-1]], where="post", color=colour, lw=1.0, alpha=0.8,
-                     label=mode if i == 0 else None)
+                     label=None if labelled else mode)
+            labelled = True
             if o.reached_s is not None:
                 top.plot([stop_h], [ys[-1]], "o", color=colour, ms=3)
     top.axhline(target, color="black", ls="--", lw=0.8, label=f"target: within {table_best - target:g} point "

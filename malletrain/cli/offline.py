@@ -318,10 +318,14 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
     setup = CampaignSetup(max_concurrent=args.max_concurrent, max_nodes=args.max_nodes,
                           min_resource=args.min_resource, reduction_factor=args.reduction_factor,
                           target_points=args.target, sampler=args.sampler)
-    bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start, end=args.end,
-                   setup=setup, interval_s=args.interval, progress=not args.json,
-                   first_seed=args.first_seed, objective=args.objective, bound=args.bound,
-                   plot=args.plot).emit(args.json)
+    report = bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start,
+                            end=args.end, setup=setup, interval_s=args.interval, progress=not args.json,
+                            first_seed=args.first_seed, objective=args.objective, bound=args.bound,
+                            plot=args.plot)
+    report.emit(args.json)
+    if report.data.get("plot_error"):       # the figures are out; the plot is not
+        print(f"malletrain: error: {report.data['plot_error']}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -64,8 +64,17 @@ from malletrain.slurm.runner import Runner
 log = logging.getLogger("malletrain.daemon")
 
 DAEMON_POLICIES = ("malletrain", "static")
-MAX_ASIDE = 100_000     # stored set-aside times beyond this many: the file is not what the daemon wrote
-MAX_JOB_ID = 128        # characters of a stored job id, likewise
+MAX_JOB_ID = 128        # characters of a stored job id: a longer one is not what the daemon wrote
+
+
+def _stored_time(job: object, t: object) -> bool:
+    """A stored set-aside entry the daemon could have written: a job id and a finite time (an
+    integer too large for a float is not one: ``math.isfinite`` would raise on it)."""
+    if not isinstance(job, str) or len(job) > MAX_JOB_ID:
+        return False
+    if type(t) is int:
+        return abs(t) < 2 ** 53
+    return type(t) is float and math.isfinite(t)
 
 
 def check_config(cfg: Config, where: str) -> Config:
@@ -168,7 +177,6 @@ class Daemon:
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
         self.memo = CycleMemo(aside_since=self._load_aside())
-        self._aside_saved = dict(self.memo.aside_since)
         self.plan: Plan | None = None
         self.last_errors: tuple[str, ...] = ()   # what the last cycle contained (or the cycle's own error)
         self.reasons: dict[str, Action] = {}
@@ -278,20 +286,26 @@ class Daemon:
     def _load_aside(self) -> dict[str, float]:
         """Since when each job has been set aside, as the last service process left it: a restart
         must not restart a set-aside job's ``probe_timeout_s`` either.  The daemon's own file, read
-        defensively all the same: anything but a bounded map of job ids to finite times is dropped
-        (with a warning), and a time after now (a clock set back) counts from now."""
+        defensively all the same: an entry that is not a job id and a finite time is dropped (with
+        a warning), and a time after now (a clock set back) counts from now.  What was dropped or
+        moved is written back at the first cycle (``_aside_saved`` None), so a second restart
+        cannot count a moved time from its own start again."""
+        self._aside_saved: dict[str, float] | None = None
         try:
             raw = self.store.get("aside", {})
         except StateError as exc:
             log.warning("stored set-aside times unreadable, counting afresh: %s", exc)
             return {}
-        now = self.clock()
-        if (not isinstance(raw, dict) or len(raw) > MAX_ASIDE
-                or not all(isinstance(j, str) and len(j) <= MAX_JOB_ID and type(t) in (int, float)
-                           and math.isfinite(t) for j, t in raw.items())):
-            log.warning("stored set-aside times unreadable, counting afresh")
+        if not isinstance(raw, dict):
+            log.warning("stored set-aside times unreadable (not a map), counting afresh")
             return {}
-        return {j: min(float(t), now) for j, t in raw.items()}
+        now = self.clock()
+        kept = {j: min(float(t), now) for j, t in raw.items() if _stored_time(j, t)}
+        if len(kept) < len(raw):
+            log.warning("stored set-aside times: %d of %d entries unreadable, dropped", len(raw) - len(kept), len(raw))
+        if kept == raw:
+            self._aside_saved = dict(kept)
+        return kept
 
     def _save_aside(self) -> None:
         """Since when each job has been set aside survives a restart (written when it changed)."""
