@@ -54,8 +54,8 @@ def plot_campaign(outcomes: Mapping[str, Sequence[CampaignOutcome]], capacity: I
 
     runs = [o for got in outcomes.values() for o in got]
     span_h = max((o.span_s for o in runs), default=0.0) / 3600.0
-    last_h = max([o.reached_s / 3600.0 for o in runs if o.reached_s is not None]
-                 + [t for o in runs for t, _ in o.best_series], default=span_h)
+    # the last new best of all runs (a run's reaching the target is its last new best)
+    last_h = max((t for o in runs for t, _ in o.best_series), default=span_h)
     end_h = min(span_h, max(last_h * 1.1, 1.0)) if span_h else max(last_h, 1.0)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=(2.2, 1.0))
     for mode, got in outcomes.items():
@@ -74,11 +74,9 @@ def plot_campaign(outcomes: Mapping[str, Sequence[CampaignOutcome]], capacity: I
                 top.plot([stop_h], [ys[-1]], "o", color=colour, ms=3)
     top.axhline(target, color="black", ls="--", lw=0.8, label=f"target: within {table_best - target:g} point "
                                                                 f"of the table's best ({table_best:.2f}%)")
-    for b in bounds:
-        if b is not None:
-            top.axvline(b / 3600.0, color="#9467bd", lw=0.6, alpha=0.5)
-    if any(b is not None for b in bounds):
-        top.plot([], [], color="#9467bd", lw=0.6, label="bound on any ASHA allocation, per seed")
+    for i, b in enumerate(x for x in bounds if x is not None):
+        top.axvline(b / 3600.0, color="#9467bd", lw=0.6, alpha=0.5,
+                    label=None if i else "bound on any ASHA allocation, per seed")
     top.set_ylim(target - ZOOM_POINTS, table_best + 0.5)     # the search's end game; worse trials leave the frame
     top.set_ylabel("best complete trial (%)")
     top.set_title(title)

@@ -176,7 +176,9 @@ class Daemon:
         self._retired_saved = self.source.advisor.retired()
         restored = self.source.advisor.add_many(self.store.samples())   # what was learned survives
         self.cycle = int(self.store.get("cycle", 0))
-        self.memo = CycleMemo(aside_since=self._load_aside())
+        aside, clean = self._load_aside()
+        self.memo = CycleMemo(aside_since=aside)
+        self._aside_saved: dict[str, float] | None = dict(aside) if clean else None   # None: written at the first cycle
         self.plan: Plan | None = None
         self.last_errors: tuple[str, ...] = ()   # what the last cycle contained (or the cycle's own error)
         self.reasons: dict[str, Action] = {}
@@ -283,29 +285,26 @@ class Daemon:
         nodes for (a user who could make every other cycle raise would keep them for ever)."""
         return CycleMemo(aside_since=dict(self.memo.aside_since))
 
-    def _load_aside(self) -> dict[str, float]:
+    def _load_aside(self) -> tuple[dict[str, float], bool]:
         """Since when each job has been set aside, as the last service process left it: a restart
         must not restart a set-aside job's ``probe_timeout_s`` either.  The daemon's own file, read
         defensively all the same: an entry that is not a job id and a finite time is dropped (with
-        a warning), and a time after now (a clock set back) counts from now.  What was dropped or
-        moved is written back at the first cycle (``_aside_saved`` None), so a second restart
-        cannot count a moved time from its own start again."""
-        self._aside_saved: dict[str, float] | None = None
+        a warning), and a time after now (a clock set back) counts from now.  Also whether the map
+        is the stored one as it is: what was dropped or moved is written back at the first cycle,
+        so a second restart cannot count a moved time from its own start again."""
         try:
             raw = self.store.get("aside", {})
         except StateError as exc:
             log.warning("stored set-aside times unreadable, counting afresh: %s", exc)
-            return {}
+            return {}, False
         if not isinstance(raw, dict):
             log.warning("stored set-aside times unreadable (not a map), counting afresh")
-            return {}
+            return {}, False
         now = self.clock()
         kept = {j: min(float(t), now) for j, t in raw.items() if _stored_time(j, t)}
         if len(kept) < len(raw):
             log.warning("stored set-aside times: %d of %d entries unreadable, dropped", len(raw) - len(kept), len(raw))
-        if kept == raw:
-            self._aside_saved = dict(kept)
-        return kept
+        return kept, kept == raw
 
     def _save_aside(self) -> None:
         """Since when each job has been set aside survives a restart (written when it changed)."""
