@@ -286,8 +286,10 @@ def test_no_asha_run_reaches_the_target_before_the_bound(table, seed):
             assert out.reached_s is not None and bound <= out.reached_s
         bounds.append(bound)
     assert bounds[1] > bounds[0]
-    # one trial at a time: trial k is asked only after all k earlier trials passed their first rung
-    # (less the driver's 1 ms tolerance each), and the bound is the soonest of its cells within the target
+    # one trial at a time: trial k is asked only after all k earlier trials started (a 30 s pause on
+    # one node at least) and passed their first rung (less the driver's 1 ms tolerance each); five or
+    # six nodes are idle at every moment, so a winner trains on max_nodes (2) from its ask and pause
+    # on; the bound is the soonest of its cells within the target
     driver = CampaignDriver(table, "asha", seed, setup, 0.0)
     rungs, soonest = 0.0, float("inf")
     for _ in range(300):
@@ -295,9 +297,63 @@ def test_no_asha_run_reaches_the_target_before_the_bound(table, seed):
         if cell.accuracy >= target:
             beta = nas.TrialModel.of(table, cell, seed).beta
             wall = cell.train_time_s * (1 + beta) / 2
-            soonest = min(soonest, max(cap.earliest(rungs + cell.train_time_s), cap.earliest(rungs) + wall))
-        rungs += cell.train_time_s * setup.min_resource / nas.EPOCHS - 2e-3
+            soonest = min(soonest, max(cap.earliest(rungs + 30.0 + cell.train_time_s),
+                                       cap.earliest(rungs) + 30.0 + wall))
+        rungs += cell.train_time_s * setup.min_resource / nas.EPOCHS - 2e-3 + 30.0
     assert bounds[1] == pytest.approx(soonest, rel=1e-12)
+
+
+def test_a_job_trains_on_the_idle_nodes_it_can_use_as_they_come_and_go():
+    """IdleCapacity.finish: from its start, at its rate on min(max_nodes, idle) nodes; nothing while
+    none is idle; inf when the trace ends first."""
+    from malletrain.bench.campaign import IdleCapacity
+    # 4 nodes idle for an hour, none for two, one for an hour, 3 for two hours
+    times = np.array([0.0, 3600.0, 10800.0, 14400.0, 21600.0])
+    levels = np.array([4.0, 0.0, 1.0, 3.0])
+    cap = IdleCapacity(times, levels, np.concatenate([[0.0], np.cumsum(levels * np.diff(times))]))
+    rate_at = [0.0, 1.0, 1.5]           # max_nodes 2: 1.5 work/s on 2 nodes, 1 on one
+    assert cap.finish(0.0, 1.5 * 1800.0, rate_at) == pytest.approx(1800.0)     # on 2 of the 4
+    assert cap.finish(1800.0, 1.5 * 1800.0, rate_at) == pytest.approx(3600.0)
+    # 1.5 h of work on 2 nodes: an hour before the gap, the rest on one node after it
+    work = 1.5 * 3600.0 + 1.0 * 1800.0
+    assert cap.finish(0.0, work, rate_at) == pytest.approx(10800.0 + 1800.0)
+    # started in the gap: nothing until 3 h
+    assert cap.finish(5000.0, 10.0, rate_at) == pytest.approx(10800.0 + 10.0)
+    assert cap.finish(12000.0, 2400.0 + 1.5 * 600.0, rate_at) == pytest.approx(14400.0 + 600.0)
+    assert cap.finish(0.0, 1e9, rate_at) == float("inf")
+    assert cap.finish(21600.0, 1.0, rate_at) == float("inf")
+    assert cap.finish(100.0, 0.0, rate_at) == 100.0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_bound_waits_for_the_idle_nodes_a_winner_can_use(table, seed):
+    """Where the nodes are idle only in short bursts, a winner cannot train on them all at once:
+    the bound counts its own run on at most max_nodes of the nodes idle at each moment, so it lies
+    past the gaps the node-seconds alone would jump, and still no ASHA run reaches the target sooner."""
+    from malletrain.bench.campaign import IdleCapacity, asha_bound
+    # 24 nodes, idle five minutes of every two hours (all at once), for 4 days
+    times, idx, busy = [], [], []
+    for k in range(48):
+        for i in range(24):
+            times += [k * 7200.0 + 300.0, k * 7200.0 + 7200.0 - 1.0]
+            idx += [i, i]
+            busy += [True, False]
+    order = np.argsort(times, kind="stable")
+    trace = NodeTrace([f"n{i}" for i in range(24)], 0.0, 96 * 3600.0, np.zeros(24, bool),
+                      np.array(times)[order], np.array(idx, np.int32)[order], np.array(busy)[order])
+    cap = IdleCapacity.of(trace)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=2.0)
+    bound = asha_bound(cap, table, seed, setup)
+    target = table.best - setup.target_points
+    cheapest = min(c.train_time_s for c in table.cells.values() if c.accuracy >= target)
+    assert bound is not None
+    # a winner needs more than one burst on two nodes: the bound is past the next gap, where the
+    # node-seconds of 24 nodes alone would finish it within the first burst
+    assert cheapest / 2 > 301.0
+    assert bound > 7200.0 > cap.earliest(cheapest)
+    for mode in ("asha", "asha-promise"):
+        out = run_campaign(trace, table, mode, seed, setup)
+        assert out.reached_s is not None and bound <= out.reached_s
 
 
 def test_plot_draws_each_runs_best_against_the_hours_and_a_bad_path_stops_before_the_runs(table, monkeypatch,

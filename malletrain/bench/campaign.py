@@ -40,12 +40,15 @@ ASHA modes can reach the target on this trace's idle nodes.  The study's random 
 driver asks trial ``k`` only once ``k - max_concurrent + 1`` trials have ended, each after at least
 its first rung; the first complete trial within the target is one of the cells that reach it.  So for
 each such trial ``k``: the idle node-seconds since the start must cover the first rungs of the
-cheapest ``k - max_concurrent + 1`` trials asked before it and then its own 200 epochs, and it
-cannot finish sooner than those epochs take on ``max_nodes`` nodes after it was asked.  Each cost is
-counted at one node (the cheapest in node-seconds: ``T(n) ≤ n·T(1)``); pauses, whole nodes, the
-pruner's promotions and the ticks are left out, all of which only make a real run later.  It is a
-relaxation, so it can be far below what any allocation reaches; it shows a target out of reach
-only where even it is too late.  It holds for the random sampler only (another asks by what it saw).
+cheapest ``k - max_concurrent + 1`` trials asked before it and then its own 200 epochs; and from its
+ask, after its start pause, it trains at most on ``max_nodes`` of the nodes idle at each moment (on
+fewer where fewer are idle, at its true rate on that many; none while none are idle).  Each cost is
+counted at one node (the cheapest in node-seconds: ``T(n) ≤ n·T(1)``), and every trial pays its
+start pause (``rescale_up_s``, on one node at least: a start from no nodes is a restart).  Pauses
+after a preemption, whole nodes, the pruner's promotions and the ticks are left out, all of which
+only make a real run later.  It is a relaxation, so it can be far below what any allocation
+reaches; it shows a target out of reach only where even it is too late.  It holds for the random
+sampler only (another asks by what it saw).
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ import math
 import os
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -246,17 +250,40 @@ class IdleCapacity:
             return math.inf
         return float(self.times[i - 1] + (node_s - self.cum[i - 1]) / self.levels[i - 1])
 
+    def finish(self, from_s: float, work: float, rate_at: Sequence[float]) -> float:
+        """The first time by which a job that starts no sooner than ``from_s`` and runs on as many of
+        the idle nodes as it can use has done ``work``: ``rate_at[n]`` is its rate on ``n`` nodes, for
+        ``n`` up to ``len(rate_at) - 1`` (its ``max_nodes``: more idle nodes are no faster; none idle,
+        no progress); inf: not within the trace."""
+        if work <= 0:
+            return max(from_s, float(self.times[0]))
+        i = max(0, int(np.searchsorted(self.times, from_s, side="right")) - 1)
+        if i >= len(self.levels):
+            return math.inf
+        top = len(rate_at) - 1
+        rates = np.asarray(rate_at, dtype=float)[np.minimum(self.levels[i:], top).astype(np.int64)]
+        seconds = np.diff(self.times[i:])
+        begin = max(from_s, float(self.times[i]))
+        seconds[0] = self.times[i + 1] - begin
+        done = np.cumsum(rates * seconds)
+        k = int(np.searchsorted(done, work))
+        if k >= len(done):
+            return math.inf
+        return (begin if k == 0 else float(self.times[i + k])) + (work - (done[k - 1] if k else 0.0)) / rates[k]
+
 
 def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: CampaignSetup) -> float | None:
     """The time from the start before which no allocation of the ASHA modes reaches the target in
     the run of ``seed`` (module docstring, "A bound"); ``None``: not within the trace."""
     from malletrain.replay.nas import EPOCHS, TrialModel
+    from malletrain.replay.workload import TrueCurve
     start = float(capacity.times[0])
     driver = CampaignDriver(table, "asha", seed, setup, start)     # for its study's asks only
     rung_share = setup.min_resource / EPOCHS
     slack_s = setup.max_nodes * RUNG_EARLY_S     # node-seconds a rung may count as passed early (the driver's)
-    unspent: list[float] = []   # first-rung node-seconds of the trials asked so far and not yet counted
-    ended_s = 0.0               # the cheapest first rungs of the trials that must have ended
+    pause_s = setup.rescale_up_s                 # every trial's start pause, on one node at least
+    unspent: list[float] = []   # node-seconds of the first rung and start pause of each trial asked, not yet counted
+    ended_s = 0.0               # the cheapest of them, for the trials that must have ended
     best = math.inf
     for number in range(setup.max_trials):
         cell = table.cell(driver.study.ask().params)
@@ -266,10 +293,13 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
         if asked - start >= best:
             break
         if cell.accuracy >= driver.target:
-            beta = TrialModel.of(table, cell, seed).beta
-            wall_s = cell.train_time_s * (1.0 + beta * (setup.max_nodes - 1)) / setup.max_nodes
-            best = min(best, max(capacity.earliest(ended_s + cell.train_time_s), asked + wall_s) - start)
-        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - slack_s))
+            model = TrialModel.of(table, cell, seed)
+            curve = model.throughput()
+            truth = TrueCurve(tuple(curve), tuple(curve.values()))       # the rates the replay runs it at
+            trained = capacity.finish(asked + pause_s, model.work,
+                                      [0.0, *(truth(n) for n in range(1, setup.max_nodes + 1))])
+            best = min(best, max(capacity.earliest(ended_s + pause_s + cell.train_time_s), trained) - start)
+        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - slack_s) + pause_s)
     return None if math.isinf(best) or best > capacity.times[-1] - start else best
 
 
