@@ -416,3 +416,46 @@ def test_a_mode_whose_first_run_drew_nothing_still_has_its_legend_entry(tmp_path
     cap = IdleCapacity(np.array([0.0, 7200.0]), np.array([2.0]), np.array([0.0, 14400.0]))
     campaign_plot.plot_campaign({"asha": [empty, drawn, drawn]}, cap, 69.0, 70.0, str(tmp_path / "p.png"), "t")
     assert labels == ["asha", None] and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_what_became_of_it(
+        table, monkeypatch, capsys):
+    """``--winners``: every trial asked whose cell reaches the target, in ask order (the same cells
+    the study asks in a run of that seed), asked before it ended; a pruned one at one of the rungs,
+    and the run reaches the target when its first winner completes.  Also in the report's data."""
+    import json
+
+    from malletrain.bench.campaign import CampaignDriver
+    from malletrain.cli.main import main
+    from malletrain.replay import traces
+    trace = _trace(hours=30.0)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=2.0)
+    out = run_campaign(trace, table, "asha", 2, setup)
+    driver = CampaignDriver(table, "asha", 2, setup, 0.0)
+    target = table.best - setup.target_points
+    cells = [table.cell(driver.study.ask().params) for _ in range(out.asked)]
+    assert [w.accuracy for w in out.winners] == [c.accuracy for c in cells if c.accuracy >= target]
+    assert [int(w.trial[1:]) for w in out.winners] == [k for k, c in enumerate(cells) if c.accuracy >= target]
+    assert out.reached_s is not None and len(out.winners) >= 2
+    done = [w for w in out.winners if w.ended_h is not None and w.pruned_at is None]
+    assert min(w.ended_h for w in done) == pytest.approx(out.reached_s / 3600.0)
+    for w in out.winners:
+        assert w.ended_h is None or w.asked_h <= w.ended_h <= out.reached_s / 3600.0 + 1e-9
+        assert w.pruned_at is None or w.pruned_at in driver.rungs
+    pruned = [w for w in out.winners if w.pruned_at is not None]
+    assert pruned, "a winner pruned on the way (the seed was picked so that one is)"
+    assert "pruned at" in pruned[0].line() and "complete at" in done[0].line()
+    monkeypatch.setattr(traces, "load_trace", lambda *a, **k: trace)
+    monkeypatch.setattr(nas, "load_table", lambda: table)
+    args = ["bench", "campaign", "--trace", "t.csv", "--modes", "asha", "--first-seed", "2", "--seeds", "1",
+            "--max-concurrent", "4", "--max-nodes", "2", "--target", "2"]
+    assert main(args + ["--winners"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"  asha seed 2: {len(out.winners)} trial(s) of a cell within the target")
+    assert lines[at + 1:at + 1 + len(out.winners)] == [f"    {w.line()}" for w in out.winners]
+    assert main(args) == 0
+    assert "within the target" not in capsys.readouterr().out
+    assert main(args + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["runs"][0]["winners"]
+    assert [w["trial"] for w in got] == [w.trial for w in out.winners]
+    assert [w["pruned_at"] for w in got] == [w.pruned_at for w in out.winners]

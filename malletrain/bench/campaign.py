@@ -58,7 +58,7 @@ import os
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -96,6 +96,25 @@ class _Live:
     number: int
     model: TrialModel
     rung: int = 0                  # rungs passed
+    winner: Winner | None = None   # its record, where its cell reaches the target
+
+
+@dataclass
+class Winner:
+    """A trial whose cell reaches the target (were it trained to the end), and what became of it:
+    where a campaign lost its time (``--winners``)."""
+
+    trial: str
+    accuracy: float                          # the cell's final accuracy (%)
+    asked_h: float                           # hours since the campaign's start
+    ended_h: float | None = None             # pruned or complete; None: still running when the run ended
+    pruned_at: int | None = None             # the epochs of the rung it was pruned at
+
+    def line(self) -> str:
+        what = ("still running at the end" if self.ended_h is None
+                else f"pruned at {self.pruned_at} epochs at {self.ended_h:.2f} h" if self.pruned_at is not None
+                else f"complete at {self.ended_h:.2f} h")
+        return f"{self.trial} ({self.accuracy:.2f}%): asked at {self.asked_h:.2f} h, {what}"
 
 
 @dataclass
@@ -113,6 +132,7 @@ class CampaignOutcome:
     wall_s: float = 0.0
     pruned_jobs: set[str] = field(default_factory=set)
     best_series: list[tuple[float, float]] = field(default_factory=list)   # (hours since start, best %): each new best
+    winners: list[Winner] = field(default_factory=list)     # the trials whose cells reach the target, in ask order
 
 
 class CampaignDriver:
@@ -154,6 +174,8 @@ class CampaignDriver:
             value = lv.model.accuracy(math.inf)
             self.study.complete(lv.number, value)
             self.out.completed += 1
+            if lv.winner is not None:
+                lv.winner.ended_h = (t - self.start_s) / 3600.0
             if value > self.out.best:
                 self.out.best = value
                 self.out.best_series.append(((t - self.start_s) / 3600.0, value))
@@ -171,6 +193,8 @@ class CampaignDriver:
                 epoch = self.rungs[lv.rung]
                 if self.study.report(lv.number, epoch, lv.model.accuracy(epoch, lv.rung)):
                     self.study.pruned(lv.number)
+                    if lv.winner is not None:
+                        lv.winner.ended_h, lv.winner.pruned_at = (t - self.start_s) / 3600.0, epoch
                     sim.end(jid)
                     del self.live[jid]
                     self.out.pruned += 1
@@ -194,7 +218,11 @@ class CampaignDriver:
             curve = model.throughput()
             new.append(WorkloadJob(jid, t, True, 1, s.max_nodes, model.work, s.rescale_up_s, s.rescale_down_s,
                                    "nas-bench-201", TrueCurve(tuple(curve), tuple(curve.values())), 0, USER))
-            self.live[jid] = _Live(asked.number, model)
+            winner = (Winner(jid, model.cell.accuracy, (t - self.start_s) / 3600.0)
+                      if model.cell.accuracy >= self.target else None)
+            self.live[jid] = _Live(asked.number, model, winner=winner)
+            if winner is not None:
+                self.out.winners.append(winner)
             self.out.asked += 1
             if self.mode == "asha-oracle":
                 sim.promise[jid] = MAX_PROMISE if model.accuracy(math.inf) >= self.target else 1.0
@@ -306,10 +334,13 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
 def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, seeds: int = 3, nodes: int | None = None,
                    start: float | None = None, end: float | None = None, setup: CampaignSetup = CampaignSetup(),
                    interval_s: float = 30.0, progress: bool = True, first_seed: int = 0,
-                   objective: str = "samples", bound: bool = False, plot: str | None = None) -> Report:
+                   objective: str = "samples", bound: bool = False, plot: str | None = None,
+                   winners: bool = False) -> Report:
     """Every mode over ``seeds`` seeds (``first_seed`` on) on one trace (module docstring); the
     figures and ratios; with ``bound``, :func:`asha_bound` per seed and the most any allocation of
-    the ASHA modes could gain; with ``plot``, a PNG there of each run's best trial against the
+    the ASHA modes could gain; with ``winners``, per run, each trial whose cell reaches the target:
+    when it was asked and whether it was pruned (at which rung) or completed (always in the report's
+    data); with ``plot``, a PNG there of each run's best trial against the
     hours and the trace's idle node-hours (:mod:`malletrain.bench.campaign_plot`; the path is
     checked before the runs; a plot that cannot be written after them is ``plot_error`` in the
     report's data, the figures reported all the same).  A run's seed fixes its study, its trials'
@@ -347,6 +378,11 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                      f"{statistics.fmean(o.asked for o in got):.0f}, pruned "
                      f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
                      f"{statistics.fmean(o.completed for o in got):.0f}")
+        if winners:
+            for o in got:
+                lines.append(f"  {mode} seed {o.seed}: {len(o.winners)} trial(s) of a cell within the target"
+                             + ("" if o.winners else " asked"))
+                lines += [f"    {w.line()}" for w in o.winners]
     lines += _ratios(outcomes)
     bounds: list[float | None] = []
     capacity = IdleCapacity.of(trace) if bound or plot is not None else None
@@ -368,8 +404,8 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
             lines.append(f"plot NOT written: {plot_error}")
     data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
             "setup": setup.__dict__, "bound_s": bounds if bound else None, "plot_error": plot_error,
-            "runs": [{k: v for k, v in o.__dict__.items() if k != "pruned_jobs"}
-                     for got in outcomes.values() for o in got]}
+            "runs": [{k: [asdict(w) for w in v] if k == "winners" else v for k, v in o.__dict__.items()
+                      if k != "pruned_jobs"} for got in outcomes.values() for o in got]}
     return Report(data, lines)
 
 
@@ -381,7 +417,8 @@ def _bound_lines(bounds: list[float | None], span_s: float, outcomes: dict[str, 
     mean = statistics.fmean(times)    # > 0: a trial's own epochs take time
     out = [f"{'bound':13s} to target: mean {'>' if None in bounds else ''}{mean / 3600:.2f} h, per seed "
            f"{', '.join(_hours(b) for b in bounds)}: no allocation of the ASHA modes reaches it sooner (the idle "
-           "node-hours and the ask order alone, pauses free: module docstring)"]
+           "node-hours, the ask order and the start pauses; a trial on at most max_nodes of the nodes idle at "
+           "each moment: module docstring)"]
     for mode, got in outcomes.items():
         theirs = statistics.fmean(_time(o) for o in got) / mean
         missed = any(o.reached_s is None for o in got)

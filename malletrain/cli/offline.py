@@ -237,10 +237,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bn.add_argument("--plot", metavar="PNG",
                     help="also draw each run's best trial against the hours, with the target and the trace's "
                          "idle node-hours beneath (checked before the runs; written when they end)")
+    bn.add_argument("--winners", action="store_true",
+                    help="also list, per run, each trial whose cell reaches the target: when it was asked, and "
+                         "whether the pruner stopped it (at which rung) or it completed: where a run lost its time")
     bn.add_argument("--bound", action="store_true",
                     help="also print, per seed, a time before which no allocation of the ASHA modes can reach "
-                         "the target on this trace (the idle node-hours and the order the study asks its "
-                         "cells in; pauses free), and the most any allocation could gain over each mode run")
+                         "the target on this trace (the idle node-hours, the order the study asks its cells "
+                         "in, each trial's start pause, a trial on at most --max-nodes of the nodes idle at "
+                         "each moment), and the most any allocation could gain over each mode run")
     bn.add_argument("--json", action="store_true", help="print JSON only")
 
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
@@ -321,7 +325,7 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
     report = bench_campaign(args.trace, modes=modes, seeds=args.seeds, nodes=args.nodes, start=args.start,
                             end=args.end, setup=setup, interval_s=args.interval, progress=not args.json,
                             first_seed=args.first_seed, objective=args.objective, bound=args.bound,
-                            plot=args.plot)
+                            plot=args.plot, winners=args.winners)
     report.emit(args.json)
     if report.data.get("plot_error"):       # the figures are out; the plot is not
         print(f"malletrain: error: {report.data['plot_error']}", file=sys.stderr)
