@@ -41,9 +41,10 @@ run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_20
 #   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
 #       --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 --modes asha --sampler tpe
 #   (and --seeds 3 --modes asha-promise --sampler tpe)
-# A bound on any allocation of the ASHA modes (--bound: the idle node-hours and the order the study
-# asks its cells in, pauses free), 20 seeds, with random-full for the ceiling of a gain over it; the
-# README's figures against asha and asha-promise take their means from the files above. ~10 minutes each.
+# A bound on any allocation of the ASHA modes (--bound: the idle node-hours, the order the study
+# asks its cells in, each trial's start pause, a winner on at most max_nodes of the nodes idle at each
+# moment), 20 seeds, with random-full for the ceiling of a gain over it; the README's figures against
+# asha and asha-promise take their means from the files above. ~10 minutes each.
 run campaign-philly-bound malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 \
     --modes random-full --bound "$@"
 run campaign-theta-week-bound malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
@@ -55,3 +56,7 @@ run campaign-philly-plot malletrain bench campaign --trace examples/philly-1day.
 run campaign-theta-week-plot malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes random-full,asha,asha-promise \
     --bound --plot "$RES/campaign-theta-week.png" "$@"
+# Where the Theta week's ASHA runs lose their time (stop 64, --winners: each trial of a cell within the
+# target, when it was asked, pruned at which rung or complete), seeds 0-2; ~5 minutes:
+run campaign-theta-week-winners malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes asha,asha-promise --winners "$@"

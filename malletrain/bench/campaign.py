@@ -111,7 +111,7 @@ class Winner:
     pruned_at: int | None = None             # the epochs of the rung it was pruned at
 
     def line(self) -> str:
-        what = ("still running at the end" if self.ended_h is None
+        what = ("not ended when the run ended" if self.ended_h is None
                 else f"pruned at {self.pruned_at} epochs at {self.ended_h:.2f} h" if self.pruned_at is not None
                 else f"complete at {self.ended_h:.2f} h")
         return f"{self.trial} ({self.accuracy:.2f}%): asked at {self.asked_h:.2f} h, {what}"
@@ -300,6 +300,13 @@ class IdleCapacity:
         return (begin if k == 0 else float(self.times[i + k])) + (work - (done[k - 1] if k else 0.0)) / rates[k]
 
 
+def _early_s(train_s: float, setup: CampaignSetup) -> float:
+    """The node-seconds a rung or the end of a trial training ``train_s`` on one node may count as
+    reached early: the driver's and the replay's tolerance (``RUNG_EARLY_S`` of running time at
+    its rate, or 1e-9 of its work), on at most ``max_nodes`` nodes."""
+    return setup.max_nodes * max(RUNG_EARLY_S, 1e-9 * train_s)
+
+
 def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: CampaignSetup) -> float | None:
     """The time from the start before which no allocation of the ASHA modes reaches the target in
     the run of ``seed`` (module docstring, "A bound"); ``None``: not within the trace."""
@@ -308,7 +315,6 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
     start = float(capacity.times[0])
     driver = CampaignDriver(table, "asha", seed, setup, start)     # for its study's asks only
     rung_share = setup.min_resource / EPOCHS
-    slack_s = setup.max_nodes * RUNG_EARLY_S     # node-seconds a rung may count as passed early (the driver's)
     pause_s = setup.rescale_up_s                 # every trial's start pause, on one node at least
     unspent: list[float] = []   # node-seconds of the first rung and start pause of each trial asked, not yet counted
     ended_s = 0.0               # the cheapest of them, for the trials that must have ended
@@ -324,10 +330,13 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
             model = TrialModel.of(table, cell, seed)
             curve = model.throughput()
             truth = TrueCurve(tuple(curve), tuple(curve.values()))       # the rates the replay runs it at
-            trained = capacity.finish(asked + pause_s, model.work,
-                                      [0.0, *(truth(n) for n in range(1, setup.max_nodes + 1))])
-            best = min(best, max(capacity.earliest(ended_s + pause_s + cell.train_time_s), trained) - start)
-        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - slack_s) + pause_s)
+            rates = [0.0, *(truth(n) for n in range(1, setup.max_nodes + 1))]
+            # the replay retires a job within 1 ms of its work (or 1e-9 of it) early: so may the winner
+            early = max(1e-9 * model.work, rates[-1] * RUNG_EARLY_S)
+            trained = capacity.finish(asked + pause_s, model.work - early, rates)
+            own_s = cell.train_time_s - _early_s(cell.train_time_s, setup)      # node-seconds, less that allowance
+            best = min(best, max(capacity.earliest(ended_s + pause_s + own_s), trained) - start)
+        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - _early_s(cell.train_time_s, setup)) + pause_s)
     return None if math.isinf(best) or best > capacity.times[-1] - start else best
 
 
