@@ -447,13 +447,11 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
     def kept_replay(*args, **kwargs):
         kept.append(replay(*args, **kwargs))
         return kept[-1]
-    monkeypatch.setattr(CampaignDriver, "step", timed_step)
-    monkeypatch.setattr(Study, "report", recorded)
-    monkeypatch.setattr(engine, "run_replay", kept_replay)
-    out = run_campaign(trace, table, "asha", 2, setup)
-    monkeypatch.setattr(CampaignDriver, "step", step)
-    monkeypatch.setattr(Study, "report", report)
-    monkeypatch.setattr(engine, "run_replay", replay)
+    with monkeypatch.context() as m:
+        m.setattr(CampaignDriver, "step", timed_step)
+        m.setattr(Study, "report", recorded)
+        m.setattr(engine, "run_replay", kept_replay)
+        out = run_campaign(trace, table, "asha", 2, setup)
     jobs = {j["job"]: j for j in kept[0].jobs}
     driver = CampaignDriver(table, "asha", 2, setup, 0.0)
     target = table.best - setup.target_points

@@ -208,16 +208,15 @@ class CampaignDriver:
     def _ask(self, sim: SimCluster, t: float) -> list[WorkloadJob]:
         from malletrain.domain.model import MAX_PROMISE
         from malletrain.replay.nas import TrialModel
-        from malletrain.replay.workload import TrueCurve, WorkloadJob
+        from malletrain.replay.workload import WorkloadJob
         new = []
         s = self.setup
         while len(self.live) < s.max_concurrent and self.out.asked < s.max_trials:
             asked = self.study.ask()
             model = TrialModel.of(self.table, self.table.cell(asked.params), self.seed)
             jid = f"t{asked.number:05d}"
-            curve = model.throughput()
             new.append(WorkloadJob(jid, t, True, 1, s.max_nodes, model.work, s.rescale_up_s, s.rescale_down_s,
-                                   "nas-bench-201", TrueCurve(tuple(curve), tuple(curve.values())), 0, USER))
+                                   "nas-bench-201", model.truth(), 0, USER))
             winner = (Winner(jid, model.cell.accuracy, (t - self.start_s) / 3600.0)
                       if model.cell.accuracy >= self.target else None)
             self.live[jid] = _Live(asked.number, model, winner=winner)
@@ -311,7 +310,6 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
     """The time from the start before which no allocation of the ASHA modes reaches the target in
     the run of ``seed`` (module docstring, "A bound"); ``None``: not within the trace."""
     from malletrain.replay.nas import EPOCHS, TrialModel
-    from malletrain.replay.workload import TrueCurve
     start = float(capacity.times[0])
     driver = CampaignDriver(table, "asha", seed, setup, start)     # for its study's asks only
     rung_share = setup.min_resource / EPOCHS
@@ -326,17 +324,17 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
         asked = capacity.earliest(ended_s)
         if asked - start >= best:
             break
+        early_s = _early_s(cell.train_time_s, setup)
         if cell.accuracy >= driver.target:
             model = TrialModel.of(table, cell, seed)
-            curve = model.throughput()
-            truth = TrueCurve(tuple(curve), tuple(curve.values()))       # the rates the replay runs it at
+            truth = model.truth()       # the rates the replay runs it at
             rates = [0.0, *(truth(n) for n in range(1, setup.max_nodes + 1))]
             # the replay retires a job within 1 ms of its work (or 1e-9 of it) early: so may the winner
             early = max(1e-9 * model.work, rates[-1] * RUNG_EARLY_S)
             trained = capacity.finish(asked + pause_s, model.work - early, rates)
-            own_s = cell.train_time_s - _early_s(cell.train_time_s, setup)      # node-seconds, less that allowance
+            own_s = cell.train_time_s - early_s      # node-seconds, less that allowance
             best = min(best, max(capacity.earliest(ended_s + pause_s + own_s), trained) - start)
-        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - _early_s(cell.train_time_s, setup)) + pause_s)
+        heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - early_s) + pause_s)
     return None if math.isinf(best) or best > capacity.times[-1] - start else best
 
 

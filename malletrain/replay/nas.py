@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from malletrain.domain.errors import InputError
+from malletrain.replay.workload import TrueCurve
 
 OPS = ("none", "skip_connect", "nor_conv_1x1", "nor_conv_3x3", "avg_pool_3x3")
 EDGES = 6
@@ -150,3 +151,8 @@ class TrialModel:
     def throughput(self) -> dict[int, float]:
         one = EPOCHS * EPOCH_SAMPLES / self.cell.train_time_s
         return {n: n * one / (1.0 + self.beta * (n - 1)) for n in COUNTS}
+
+    def truth(self) -> TrueCurve:
+        """:meth:`throughput` as the replay runs the trial at: piecewise linear between the counts."""
+        curve = self.throughput()
+        return TrueCurve(tuple(curve), tuple(curve.values()))
