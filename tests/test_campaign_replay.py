@@ -326,6 +326,66 @@ def test_a_job_trains_on_the_idle_nodes_it_can_use_as_they_come_and_go():
     assert cap.finish(100.0, 0.0, rate_at) == 100.0
 
 
+def test_each_stretch_of_idle_nodes_begins_with_a_restart():
+    """IdleCapacity.finish(restart_s=...): the job's first stretch of idle nodes and every stretch
+    after a moment none is idle (a zero-length one too) begin with restart_s of no progress; fewer
+    nodes are never slower than the best rate on any number the job could take."""
+    from malletrain.bench.campaign import IdleCapacity
+
+    def capacity(times, levels):
+        times, levels = np.array(times), np.array(levels)
+        return IdleCapacity(times, levels, np.concatenate([[0.0], np.cumsum(levels * np.diff(times))]))
+    cap = capacity([0.0, 3600.0, 10800.0, 14400.0, 21600.0], [4.0, 0.0, 1.0, 3.0])
+    rate_at = [0.0, 1.0, 1.5]
+    work = 1.5 * 3600.0 + 1.0 * 1800.0
+    # 60 s lost at 0 and again at 3 h (one stretch from 3 h on: 1 node, then 3)
+    assert cap.finish(0.0, work, rate_at, restart_s=60.0) == pytest.approx(10800.0 + 60.0 + 1800.0 + 1.5 * 60.0)
+    assert cap.finish(5000.0, 10.0, rate_at, restart_s=60.0) == pytest.approx(10800.0 + 70.0)   # asked in the gap
+    assert cap.finish(12000.0, 10.0, rate_at, restart_s=60.0) == pytest.approx(12070.0)          # mid-stretch
+    # asked 100 s before the gap: 40 s of work on 2 nodes there, the rest on one after the restart
+    assert cap.finish(3500.0, 1.5 * 100.0, rate_at, restart_s=60.0) == pytest.approx(10800.0 + 60.0 + 1.5 * 60.0)
+    # an instant with none idle between two stretches of two nodes is a restart too
+    cap = capacity([0.0, 100.0, 100.0, 200.0], [2.0, 0.0, 2.0])
+    assert cap.finish(0.0, 1.5 * 80.0, rate_at, restart_s=30.0) == pytest.approx(130.0 + 10.0)
+    assert cap.finish(0.0, 1.5 * 70.0, rate_at, restart_s=30.0) == pytest.approx(100.0)
+    assert cap.finish(0.0, 1.5 * 200.0, rate_at, restart_s=30.0) == float("inf")
+    # a job whose rate falls past one node runs on one of two idle nodes
+    assert cap.finish(0.0, 2.0 * 50.0, [0.0, 2.0, 1.0]) == pytest.approx(50.0)
+
+
+def test_a_lone_job_on_bursts_of_idle_nodes_finishes_no_sooner_than_finish_says():
+    """The replay restarts a job that lost every node (a 30 s pause at each burst); finish() with
+    restart_s counts exactly that, so a lone job the core gives every node it can use finishes at
+    finish()'s time or later (here in the same burst); without the restarts, finish() is a burst
+    earlier."""
+    from malletrain.bench.campaign import IdleCapacity
+    from malletrain.domain.config import CoreConfig
+    from malletrain.replay.engine import ReplayOptions, run_replay
+    from malletrain.replay.workload import TrueCurve, WorkloadJob
+    # 8 nodes, idle for the first 5 minutes of every hour, for 2 days
+    times, idx, busy = [], [], []
+    for k in range(47):
+        for i in range(8):
+            times += [k * 3600.0 + 300.0, k * 3600.0 + 3600.0]
+            idx += [i, i]
+            busy += [True, False]
+    order = np.argsort(times, kind="stable")
+    trace = NodeTrace([f"n{i}" for i in range(8)], 0.0, 48 * 3600.0, np.zeros(8, bool),
+                      np.array(times)[order], np.array(idx, np.int32)[order], np.array(busy)[order])
+    truth = TrueCurve((1, 2), (10.0, 18.0))
+    work = 18.0 * 270.0 * 10        # ten bursts' worth on 2 nodes, less their restarts
+    job = WorkloadJob("j", 0.0, False, 1, 2, work, 30.0, 10.0, "p", truth, 0, "u")
+    result = run_replay(trace, [job], ReplayOptions(core=CoreConfig(policy="malletrain"), interval_s=30.0,
+                                                    noise=0.0, quiet=True))
+    done_s = result.jobs[0]["completed_at_s"]
+    cap = IdleCapacity.of(trace)
+    rates = [0.0, truth(1), truth(2)]
+    soonest = cap.finish(0.0, work * (1 - 1e-9), rates, restart_s=30.0)
+    assert soonest == pytest.approx(9 * 3600.0 + 300.0, abs=1.0)      # the tenth burst's end
+    assert soonest <= done_s < soonest + 3600.0, done_s       # (here the replay restarts it in every burst: equal)
+    assert cap.finish(0.0, work * (1 - 1e-9), rates) == pytest.approx(8 * 3600.0 + 300.0, abs=1.0)   # no restarts: nine
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_bound_waits_for_the_idle_nodes_a_winner_can_use(table, seed):
     """Where the nodes are idle only in short bursts, a winner cannot train on them all at once:
@@ -427,7 +487,7 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
     import json
     from dataclasses import asdict
 
-    from malletrain.bench.campaign import CampaignDriver
+    from malletrain.bench.campaign import CampaignDriver, IdleCapacity
     from malletrain.campaign.study import Study
     from malletrain.cli.main import main
     from malletrain.replay import engine, traces
@@ -451,7 +511,7 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
         m.setattr(CampaignDriver, "step", timed_step)
         m.setattr(Study, "report", recorded)
         m.setattr(engine, "run_replay", kept_replay)
-        out = run_campaign(trace, table, "asha", 2, setup)
+        out = run_campaign(trace, table, "asha", 2, setup, capacity=IdleCapacity.of(trace))
     jobs = {j["job"]: j for j in kept[0].jobs}
     driver = CampaignDriver(table, "asha", 2, setup, 0.0)
     target = table.best - setup.target_points
@@ -471,9 +531,17 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
             assert w.trial not in reports or not reports[w.trial][1]
         if w.ended_h is not None and w.pruned_at is None:       # the replay finished it by then
             assert jobs[w.trial]["completed_at_s"] <= w.ended_h * 3600.0 + 1e-6
+            # and no sooner than it could have alone on the idle nodes from its ask
+            assert w.soonest_h is not None and w.soonest_h * 3600.0 <= jobs[w.trial]["completed_at_s"]
+        assert w.soonest_h is not None and w.soonest_h > w.asked_h      # (30 h of idle nodes: within the trace)
     pruned = [w for w in out.winners if w.pruned_at is not None]
     assert pruned, "a winner pruned on the way (the seed was picked so that one is)"
     assert "pruned at" in pruned[0].line() and "complete at" in done[0].line()
+    assert f"(alone from its ask: {done[0].soonest_h:.2f} h at the soonest)" in done[0].line()
+    # five or six of the six nodes idle at every moment: alone on max_nodes (2) from its ask and pause
+    w = done[0]
+    model = nas.TrialModel.of(table, cells[int(w.trial[1:])], 2)
+    assert w.soonest_h * 3600.0 == pytest.approx(w.asked_h * 3600.0 + 30.0 + model.work / model.truth()(2), abs=1e-3)
     monkeypatch.setattr(traces, "load_trace", lambda *a, **k: trace)
     monkeypatch.setattr(nas, "load_table", lambda: table)
     args = ["bench", "campaign", "--trace", "t.csv", "--modes", "asha", "--first-seed", "2", "--seeds", "1",
@@ -484,6 +552,9 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
     assert lines[at + 1:at + 1 + len(out.winners)] == [f"    {w.line()}" for w in out.winners]
     assert main(args) == 0
     assert "within the target" not in capsys.readouterr().out
-    assert main(args + ["--json"]) == 0
+    assert main(args + ["--json", "--winners"]) == 0
     got = json.loads(capsys.readouterr().out)["runs"][0]["winners"]
     assert got == [asdict(w) for w in out.winners]
+    assert main(args + ["--json"]) == 0        # the records without --winners: no soonest end
+    got = json.loads(capsys.readouterr().out)["runs"][0]["winners"]
+    assert got == [{**asdict(w), "soonest_h": None} for w in out.winners]

@@ -41,11 +41,13 @@ driver asks trial ``k`` only once ``k - max_concurrent + 1`` trials have ended, 
 its first rung; the first complete trial within the target is one of the cells that reach it.  So for
 each such trial ``k``: the idle node-seconds since the start must cover the first rungs of the
 cheapest ``k - max_concurrent + 1`` trials asked before it and then its own 200 epochs; and from its
-ask, after its start pause, it trains at most on ``max_nodes`` of the nodes idle at each moment (on
-fewer where fewer are idle, at its true rate on that many; none while none are idle).  Each cost is
-counted at one node (the cheapest in node-seconds: ``T(n) ≤ n·T(1)``), and every trial pays its
-start pause (``rescale_up_s``, on one node at least: a start from no nodes is a restart).  Pauses
-after a preemption, whole nodes, the pruner's promotions and the ticks are left out, all of which
+ask it trains at most on ``max_nodes`` of the nodes idle at each moment (on fewer where fewer are
+idle, at its true rate on that many; none while none are idle), after its start pause and after a
+restart pause at every moment when no node is idle (every node it held was taken back; a start
+from no nodes is a restart: :meth:`IdleCapacity.finish`).  Each cost is counted at one node (the
+cheapest in node-seconds: ``T(n) ≤ n·T(1)``), and every trial pays its start pause
+(``rescale_up_s``, on one node at least).  Pauses after a preemption that leaves some nodes idle,
+growing and shrinking, whole nodes, the pruner's promotions and the ticks are left out, all of which
 only make a real run later.  It is a relaxation, so it can be far below what any allocation
 reaches; it shows a target out of reach only where even it is too late.  It holds for the random
 sampler only (another asks by what it saw).
@@ -109,12 +111,15 @@ class Winner:
     asked_h: float                           # hours since the campaign's start
     ended_h: float | None = None             # pruned or complete; None: still running when the run ended
     pruned_at: int | None = None             # the epochs of the rung it was pruned at
+    soonest_h: float | None = None           # the soonest it could complete from its ask (``_soonest_end``); None: not
+                                             # within the trace, or not computed (no capacity given)
 
     def line(self) -> str:
         what = ("not ended when the run ended" if self.ended_h is None
                 else f"pruned at {self.pruned_at} epochs at {self.ended_h:.2f} h" if self.pruned_at is not None
                 else f"complete at {self.ended_h:.2f} h")
-        return f"{self.trial} ({self.accuracy:.2f}%): asked at {self.asked_h:.2f} h, {what}"
+        soonest = "" if self.soonest_h is None else f" (alone from its ask: {self.soonest_h:.2f} h at the soonest)"
+        return f"{self.trial} ({self.accuracy:.2f}%): asked at {self.asked_h:.2f} h, {what}{soonest}"
 
 
 @dataclass
@@ -138,10 +143,12 @@ class CampaignOutcome:
 class CampaignDriver:
     """The campaign as a replay's :class:`~malletrain.replay.engine.Unfolding`."""
 
-    def __init__(self, table: NasTable, mode: str, seed: int, setup: CampaignSetup, start_s: float) -> None:
+    def __init__(self, table: NasTable, mode: str, seed: int, setup: CampaignSetup, start_s: float,
+                 capacity: IdleCapacity | None = None) -> None:
         from malletrain.campaign.study import Study, StudySpec
         from malletrain.replay.nas import EDGES, OPS
         self.table, self.mode, self.seed, self.setup, self.start_s = table, mode, seed, setup, start_s
+        self.capacity = capacity        # given: each winner's soonest end from its ask (--winners)
         self.pruning = mode != "random-full"
         self.study = Study(StudySpec(directory="", name=f"nas-{mode}-{seed}", in_memory=True,
                                      space={f"Op{i}": list(OPS) for i in range(EDGES)}, sampler=setup.sampler,
@@ -217,8 +224,12 @@ class CampaignDriver:
             jid = f"t{asked.number:05d}"
             new.append(WorkloadJob(jid, t, True, 1, s.max_nodes, model.work, s.rescale_up_s, s.rescale_down_s,
                                    "nas-bench-201", model.truth(), 0, USER))
-            winner = (Winner(jid, model.cell.accuracy, (t - self.start_s) / 3600.0)
-                      if model.cell.accuracy >= self.target else None)
+            winner = None
+            if model.cell.accuracy >= self.target:
+                soonest = None if self.capacity is None else _soonest_end(self.capacity, model, t, s)
+                winner = Winner(jid, model.cell.accuracy, (t - self.start_s) / 3600.0,
+                                soonest_h=None if soonest is None or math.isinf(soonest)
+                                else float(soonest - self.start_s) / 3600.0)
             self.live[jid] = _Live(asked.number, model, winner=winner)
             if winner is not None:
                 self.out.winners.append(winner)
@@ -230,8 +241,9 @@ class CampaignDriver:
 
 def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSetup, *,
                  interval_s: float = 30.0, noise: float = 0.05, policy: str = "malletrain",
-                 objective: str = "samples") -> CampaignOutcome:
-    """One campaign replay (see the module docstring); ``objective``: the core's, for every mode."""
+                 objective: str = "samples", capacity: IdleCapacity | None = None) -> CampaignOutcome:
+    """One campaign replay (see the module docstring); ``objective``: the core's, for every mode;
+    ``capacity`` (the trace's): each winner's record also gives the soonest it could complete."""
     import time
 
     from malletrain.domain.config import CoreConfig
@@ -239,7 +251,7 @@ def run_campaign(trace, table: NasTable, mode: str, seed: int, setup: CampaignSe
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     wall0 = time.perf_counter()
-    driver = CampaignDriver(table, mode, seed, setup, trace.start_s)
+    driver = CampaignDriver(table, mode, seed, setup, trace.start_s, capacity)
     opts = ReplayOptions(core=CoreConfig(policy=policy, promise=mode in PROMISING, objective=objective),
                          interval_s=interval_s, noise=noise, seed=seed, quiet=True)
     result = run_replay(trace, [], opts, driver)
@@ -277,26 +289,39 @@ class IdleCapacity:
             return math.inf
         return float(self.times[i - 1] + (node_s - self.cum[i - 1]) / self.levels[i - 1])
 
-    def finish(self, from_s: float, work: float, rate_at: Sequence[float]) -> float:
+    def finish(self, from_s: float, work: float, rate_at: Sequence[float], restart_s: float = 0.0) -> float:
         """The first time by which a job that starts no sooner than ``from_s`` and runs on as many of
         the idle nodes as it can use has done ``work``: ``rate_at[n]`` is its rate on ``n`` nodes, for
-        ``n`` up to ``len(rate_at) - 1`` (its ``max_nodes``: more idle nodes are no faster; none idle,
-        no progress); inf: not within the trace."""
+        ``n`` up to ``len(rate_at) - 1`` (its ``max_nodes``: more idle nodes are no faster; fewer are
+        never faster than the most it gets on any number it has; none idle, no progress); inf: not
+        within the trace.
+
+        Each stretch of idle nodes it runs in begins with ``restart_s`` of no progress: its first,
+        from ``from_s`` on, and every stretch after a moment when none is idle (even an instant:
+        then every node it held was taken back, and a start from no nodes is a restart)."""
         if work <= 0:
             return max(from_s, float(self.times[0]))
         i = max(0, int(np.searchsorted(self.times, from_s, side="right")) - 1)
         if i >= len(self.levels):
             return math.inf
         top = len(rate_at) - 1
-        rates = np.asarray(rate_at, dtype=float)[np.minimum(self.levels[i:], top).astype(np.int64)]
-        seconds = np.diff(self.times[i:])
-        begin = max(from_s, float(self.times[i]))
-        seconds[0] = self.times[i + 1] - begin
+        best_at = np.maximum.accumulate(np.asarray(rate_at, dtype=float))
+        levels = self.levels[i:]
+        rates = best_at[np.minimum(levels, top).astype(np.int64)]
+        begins = self.times[i:-1].astype(float)      # each segment's start, the first at from_s
+        begins[0] = max(from_s, float(self.times[i]))
+        ends = self.times[i + 1:]
+        idle = levels > 0
+        first = idle.copy()                           # a segment that opens a stretch of idle nodes
+        first[1:] &= ~idle[:-1]
+        opened = np.maximum.accumulate(np.where(first, begins, -math.inf))   # its stretch's opening
+        working = np.maximum(begins, opened + restart_s)
+        seconds = np.where(idle, np.maximum(0.0, ends - working), 0.0)
         done = np.cumsum(rates * seconds)
         k = int(np.searchsorted(done, work))
         if k >= len(done):
             return math.inf
-        return (begin if k == 0 else float(self.times[i + k])) + (work - (done[k - 1] if k else 0.0)) / rates[k]
+        return float(working[k]) + (work - (done[k - 1] if k else 0.0)) / rates[k]
 
 
 def _early_s(train_s: float, setup: CampaignSetup) -> float:
@@ -304,6 +329,17 @@ def _early_s(train_s: float, setup: CampaignSetup) -> float:
     reached early: the driver's and the replay's tolerance (``RUNG_EARLY_S`` of running time at
     its rate, or 1e-9 of its work), on at most ``max_nodes`` nodes."""
     return setup.max_nodes * max(RUNG_EARLY_S, 1e-9 * train_s)
+
+
+def _soonest_end(capacity: IdleCapacity, model: TrialModel, asked_s: float, setup: CampaignSetup) -> float:
+    """The soonest a trial asked at ``asked_s`` can complete: on at most ``max_nodes`` of the nodes
+    idle at each moment at its true rates (the replay's), after its start pause and a restart pause
+    after every moment none is idle (:meth:`IdleCapacity.finish`), retired as early as the replay
+    retires a job (within 1 ms of running, or 1e-9 of its work); inf: not within the trace."""
+    truth = model.truth()
+    rates = [0.0, *(truth(n) for n in range(1, setup.max_nodes + 1))]
+    early = max(1e-9 * model.work, max(rates) * RUNG_EARLY_S)
+    return capacity.finish(asked_s, model.work - early, rates, restart_s=setup.rescale_up_s)
 
 
 def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: CampaignSetup) -> float | None:
@@ -326,12 +362,7 @@ def asha_bound(capacity: IdleCapacity, table: NasTable, seed: int, setup: Campai
             break
         early_s = _early_s(cell.train_time_s, setup)
         if cell.accuracy >= driver.target:
-            model = TrialModel.of(table, cell, seed)
-            truth = model.truth()       # the rates the replay runs it at
-            rates = [0.0, *(truth(n) for n in range(1, setup.max_nodes + 1))]
-            # the replay retires a job within 1 ms of its work (or 1e-9 of it) early: so may the winner
-            early = max(1e-9 * model.work, rates[-1] * RUNG_EARLY_S)
-            trained = capacity.finish(asked + pause_s, model.work - early, rates)
+            trained = _soonest_end(capacity, TrialModel.of(table, cell, seed), asked, setup)
             own_s = cell.train_time_s - early_s      # node-seconds, less that allowance
             best = min(best, max(capacity.earliest(ended_s + pause_s + own_s), trained) - start)
         heapq.heappush(unspent, max(0.0, cell.train_time_s * rung_share - early_s) + pause_s)
@@ -346,8 +377,9 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
     """Every mode over ``seeds`` seeds (``first_seed`` on) on one trace (module docstring); the
     figures and ratios; with ``bound``, :func:`asha_bound` per seed and the most any allocation of
     the ASHA modes could gain; with ``winners``, per run, each trial whose cell reaches the target:
-    when it was asked and whether it was pruned (at which rung) or completed (always in the report's
-    data); with ``plot``, a PNG there of each run's best trial against the
+    when it was asked, whether it was pruned (at which rung) or completed, and the soonest it could
+    have completed alone on the idle nodes from its ask (always in the report's data, the soonest
+    only with ``winners``); with ``plot``, a PNG there of each run's best trial against the
     hours and the trace's idle node-hours (:mod:`malletrain.bench.campaign_plot`; the path is
     checked before the runs; a plot that cannot be written after them is ``plot_error`` in the
     report's data, the figures reported all the same).  A run's seed fixes its study, its trials'
@@ -365,10 +397,12 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
              f"{len(table.cells)} cells within {setup.target_points:g} point; trace {trace_path}: "
              f"{len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"
              + ("" if objective == "samples" else f"; the core's objective: {objective}")]
+    capacity = IdleCapacity.of(trace) if bound or winners or plot is not None else None
     for mode in modes:
         got = []
         for seed in range(first_seed, first_seed + seeds):
-            o = run_campaign(trace, table, mode, seed, setup, interval_s=interval_s, objective=objective)
+            o = run_campaign(trace, table, mode, seed, setup, interval_s=interval_s, objective=objective,
+                             capacity=capacity if winners else None)
             got.append(o)
             if progress:
                 print(f"  {mode:13s} seed {seed}: {_hours(o.reached_s)} to target, best {o.best:.2f}%, "
@@ -392,7 +426,6 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                 lines += [f"    {w.line()}" for w in o.winners]
     lines += _ratios(outcomes)
     bounds: list[float | None] = []
-    capacity = IdleCapacity.of(trace) if bound or plot is not None else None
     if bound and capacity is not None:
         for seed in range(first_seed, first_seed + seeds):
             bounds.append(asha_bound(capacity, table, seed, setup))

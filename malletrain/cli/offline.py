@@ -239,12 +239,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          "idle node-hours beneath (checked before the runs; written when they end)")
     bn.add_argument("--winners", action="store_true",
                     help="also list, per run, each trial whose cell reaches the target: when it was asked, and "
-                         "whether the pruner stopped it (at which rung) or it completed: where a run lost its time")
+                         "whether the pruner stopped it (at which rung) or it completed, and the soonest it could have "
+                         "completed alone on the idle nodes from its ask: where a run lost its time")
     bn.add_argument("--bound", action="store_true",
                     help="also print, per seed, a time before which no allocation of the ASHA modes can reach "
                          "the target on this trace (the idle node-hours, the order the study asks its cells "
                          "in, each trial's start pause, a trial on at most --max-nodes of the nodes idle at "
-                         "each moment), and the most any allocation could gain over each mode run")
+                         "each moment, restarted after every moment none is), and the most any allocation "
+                         "could gain over each mode run")
     bn.add_argument("--json", action="store_true", help="print JSON only")
 
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
