@@ -6,7 +6,7 @@
 # baseline asha-oracle (each trial's exact promise known when it is asked). Prints the time to a
 # trial within 1 point of the table's best and the node-hours spent on pruned trials, per seed,
 # and the ratios.
-# About 120 minutes on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
+# About three hours on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
 # The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
@@ -43,12 +43,14 @@ run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_20
 #   (and --seeds 3 --modes asha-promise --sampler tpe)
 # A bound on any allocation of the ASHA modes (--bound: the idle node-hours, the order the study
 # asks its cells in, each trial's start pause, a winner on at most max_nodes of the nodes idle at each
-# moment), 20 seeds, with random-full for the ceiling of a gain over it; the README's figures against
-# asha and asha-promise take their means from the files above. ~10 minutes each.
+# moment and restarted after every moment none is), 20 seeds, with random-full for the ceiling of a
+# gain over it, and the clairvoyant asha-first (stop 65: while a known winner is live, the other
+# trials wait); the README's figures against asha and asha-promise take their means from the files
+# above. ~40 minutes each (seed 4's asha-first asks ~16,500 trials on the Theta week).
 run campaign-philly-bound malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 \
-    --modes random-full --bound "$@"
+    --modes random-full,asha-first --bound "$@"
 run campaign-theta-week-bound malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
-    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes random-full --bound "$@"
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes random-full,asha-first --bound "$@"
 # The runs drawn (stop 63, --plot: each run's best trial against the hours, the idle node-hours
 # beneath), seeds 0-2 of the three modes with the bound; ~8 minutes each:
 run campaign-philly-plot malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 3 --bound \
@@ -57,6 +59,10 @@ run campaign-theta-week-plot malletrain bench campaign --trace "$DATA/traces/the
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes random-full,asha,asha-promise \
     --bound --plot "$RES/campaign-theta-week.png" "$@"
 # Where the Theta week's ASHA runs lose their time (stop 64, --winners: each trial of a cell within the
-# target, when it was asked, pruned at which rung or complete), seeds 0-2; ~5 minutes:
+# target, when it was asked, pruned at which rung or complete, and since stop 65 the soonest it could
+# have completed alone on the idle nodes from its ask), seeds 0-2; ~5 minutes:
 run campaign-theta-week-winners malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes asha,asha-promise --winners "$@"
+# the same for the clairvoyant asha-first (stop 65): which winners the pruner still drops; ~2 minutes:
+run campaign-theta-week-first-winners malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" \
+    --nodes 128 --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes asha-first --winners "$@"

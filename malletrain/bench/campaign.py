@@ -482,7 +482,7 @@ def _bound_lines(bounds: list[float | None], span_s: float, outcomes: dict[str, 
     out = [f"{'bound':13s} to target: mean {'>' if None in bounds else ''}{mean / 3600:.2f} h, per seed "
            f"{', '.join(_hours(b) for b in bounds)}: no allocation of the ASHA modes reaches it sooner (the idle "
            "node-hours, the ask order and the start pauses; a trial on at most max_nodes of the nodes idle at "
-           "each moment: module docstring)"]
+           "each moment, restarted after every moment none is: module docstring)"]
     for mode, got in outcomes.items():
         theirs = statistics.fmean(_time(o) for o in got) / mean
         missed = any(o.reached_s is None for o in got)
