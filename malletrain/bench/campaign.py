@@ -26,9 +26,9 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   at each moment, and where nothing reported at its rungs before (a winner among the first trials
   asked), it reports first at each, which Optuna's successive halving always promotes (with fewer
   than η values at a rung it promotes the best so far).  It shows how near an allocation that knows
-  the winner comes to the bound below: the distance left between a run and the bound is then one of
-  knowing which trial wins, not of capacity.  (Trials asked and started before a winner was asked
-  run on.)
+  the winners comes to the bound below, which leaves the pruner out: a winner asked after others
+  reported at its rungs may still be pruned (README).  (Trials asked and started before a winner
+  was asked run on.)
 
 The study samples at random in every mode unless ``sampler`` (``--sampler tpe``: what a campaign
 spec gets by default) says otherwise; the comparisons stay between modes with one sampler.
@@ -316,9 +316,9 @@ class IdleCapacity:
     def finish(self, from_s: float, work: float, rate_at: Sequence[float], restart_s: float = 0.0) -> float:
         """The first time by which a job that starts no sooner than ``from_s`` and runs on as many of
         the idle nodes as it can use has done ``work``: ``rate_at[n]`` is its rate on ``n`` nodes, for
-        ``n`` up to ``len(rate_at) - 1`` (its ``max_nodes``: more idle nodes are no faster; fewer are
-        never faster than the most it gets on any number it has; none idle, no progress); inf: not
-        within the trace.
+        ``n`` up to ``len(rate_at) - 1`` (its ``max_nodes``: more idle nodes are no faster); on ``n``
+        idle nodes it runs at the best rate of any number up to ``n`` (it may take fewer); none
+        idle, no progress; inf: not within the trace.
 
         Each stretch of idle nodes it runs in begins with ``restart_s`` of no progress: its first,
         from ``from_s`` on, and every stretch after a moment when none is idle (even an instant:
