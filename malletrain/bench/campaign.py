@@ -202,7 +202,6 @@ class CampaignDriver:
                 self.over = True
         if self.over:
             return []
-        released = self._release()
         for jid, lv in list(self.live.items()):
             j = sim.jobs.get(jid)
             if j is None:
@@ -222,11 +221,13 @@ class CampaignDriver:
                 lv.rung += 1
                 if self.mode == "asha-promise":
                     sim.promise[jid] = float(self.setup.reduction_factor ** lv.rung)
-        return released + self._release(self._ask(sim, t))
+        return self._release(self._ask(sim, t))
 
-    def _release(self, new: Sequence[WorkloadJob] = ()) -> list[WorkloadJob]:
+    def _release(self, new: Sequence[WorkloadJob]) -> list[WorkloadJob]:
         """What to submit of ``new`` and of the trials held (asha-first: while a winner is live, the
-        other trials wait unsubmitted; all go once none is)."""
+        other trials wait unsubmitted; all go once none is).  A winner ends only in a step (pruned
+        at a rung, or complete, which ends the run), so the end of each step is the one place a
+        release can become due."""
         if self.mode != "asha-first":
             return list(new)
         winners = [j for j in new if self.live[j.name].winner is not None]
