@@ -38,6 +38,33 @@ def _trace(nodes=6, hours=30.0):
                      np.array(times), np.array(idx, np.int32), np.array(busy))
 
 
+def _bursts(nodes, periods, period_s, busy_s, free_s, hours):
+    """``nodes`` nodes, all idle at the start; in period k every node is taken at ``k·period_s +
+    busy_s`` and comes back at ``k·period_s + free_s``: all of them idle in bursts."""
+    times, idx, busy = [], [], []
+    for k in range(periods):
+        for i in range(nodes):
+            times += [k * period_s + busy_s, k * period_s + free_s]
+            idx += [i, i]
+            busy += [True, False]
+    order = np.argsort(times, kind="stable")
+    return NodeTrace([f"n{i}" for i in range(nodes)], 0.0, hours * 3600.0, np.zeros(nodes, bool),
+                     np.array(times)[order], np.array(idx, np.int32)[order], np.array(busy)[order])
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Every replay's result, kept (``engine.run_replay`` wrapped), in order."""
+    from malletrain.replay import engine
+    kept, replay = [], engine.run_replay
+
+    def kept_replay(*args, **kwargs):
+        kept.append(replay(*args, **kwargs))
+        return kept[-1]
+    monkeypatch.setattr(engine, "run_replay", kept_replay)
+    return kept
+
+
 @pytest.fixture
 def table(monkeypatch):
     t = _table()
@@ -310,9 +337,7 @@ def test_a_job_trains_on_the_idle_nodes_it_can_use_as_they_come_and_go():
     none is idle; inf when the trace ends first."""
     from malletrain.bench.campaign import IdleCapacity
     # 4 nodes idle for an hour, none for two, one for an hour, 3 for two hours
-    times = np.array([0.0, 3600.0, 10800.0, 14400.0, 21600.0])
-    levels = np.array([4.0, 0.0, 1.0, 3.0])
-    cap = IdleCapacity(times, levels, np.concatenate([[0.0], np.cumsum(levels * np.diff(times))]))
+    cap = IdleCapacity.of_levels(np.array([0.0, 3600.0, 10800.0, 14400.0, 21600.0]), np.array([4.0, 0.0, 1.0, 3.0]))
     rate_at = [0.0, 1.0, 1.5]           # max_nodes 2: 1.5 work/s on 2 nodes, 1 on one
     assert cap.finish(0.0, 1.5 * 1800.0, rate_at) == pytest.approx(1800.0)     # on 2 of the 4
     assert cap.finish(1800.0, 1.5 * 1800.0, rate_at) == pytest.approx(3600.0)
@@ -332,11 +357,7 @@ def test_each_stretch_of_idle_nodes_begins_with_a_restart():
     after a moment none is idle (a zero-length one too) begin with restart_s of no progress; fewer
     nodes are never slower than the best rate on any number the job could take."""
     from malletrain.bench.campaign import IdleCapacity
-
-    def capacity(times, levels):
-        times, levels = np.array(times), np.array(levels)
-        return IdleCapacity(times, levels, np.concatenate([[0.0], np.cumsum(levels * np.diff(times))]))
-    cap = capacity([0.0, 3600.0, 10800.0, 14400.0, 21600.0], [4.0, 0.0, 1.0, 3.0])
+    cap = IdleCapacity.of_levels(np.array([0.0, 3600.0, 10800.0, 14400.0, 21600.0]), np.array([4.0, 0.0, 1.0, 3.0]))
     rate_at = [0.0, 1.0, 1.5]
     work = 1.5 * 3600.0 + 1.0 * 1800.0
     # 60 s lost at 0 and again at 3 h (one stretch from 3 h on: 1 node, then 3)
@@ -346,7 +367,7 @@ def test_each_stretch_of_idle_nodes_begins_with_a_restart():
     # asked 100 s before the gap: 40 s of work on 2 nodes there, the rest on one after the restart
     assert cap.finish(3500.0, 1.5 * 100.0, rate_at, restart_s=60.0) == pytest.approx(10800.0 + 60.0 + 1.5 * 60.0)
     # an instant with none idle between two stretches of two nodes is a restart too
-    cap = capacity([0.0, 100.0, 100.0, 200.0], [2.0, 0.0, 2.0])
+    cap = IdleCapacity.of_levels(np.array([0.0, 100.0, 100.0, 200.0]), np.array([2.0, 0.0, 2.0]))
     assert cap.finish(0.0, 1.5 * 80.0, rate_at, restart_s=30.0) == pytest.approx(130.0 + 10.0)
     assert cap.finish(0.0, 1.5 * 70.0, rate_at, restart_s=30.0) == pytest.approx(100.0)
     assert cap.finish(0.0, 1.5 * 200.0, rate_at, restart_s=30.0) == float("inf")
@@ -363,16 +384,7 @@ def test_a_lone_job_on_bursts_of_idle_nodes_finishes_no_sooner_than_finish_says(
     from malletrain.domain.config import CoreConfig
     from malletrain.replay.engine import ReplayOptions, run_replay
     from malletrain.replay.workload import TrueCurve, WorkloadJob
-    # 8 nodes, idle for the first 5 minutes of every hour, for 2 days
-    times, idx, busy = [], [], []
-    for k in range(47):
-        for i in range(8):
-            times += [k * 3600.0 + 300.0, k * 3600.0 + 3600.0]
-            idx += [i, i]
-            busy += [True, False]
-    order = np.argsort(times, kind="stable")
-    trace = NodeTrace([f"n{i}" for i in range(8)], 0.0, 48 * 3600.0, np.zeros(8, bool),
-                      np.array(times)[order], np.array(idx, np.int32)[order], np.array(busy)[order])
+    trace = _bursts(8, 47, 3600.0, 300.0, 3600.0, 48)     # idle for the first 5 minutes of every hour, 2 days
     truth = TrueCurve((1, 2), (10.0, 18.0))
     work = 18.0 * 270.0 * 10        # ten bursts' worth on 2 nodes, less their restarts
     job = WorkloadJob("j", 0.0, False, 1, 2, work, 30.0, 10.0, "p", truth, 0, "u")
@@ -394,15 +406,7 @@ def test_the_bound_waits_for_the_idle_nodes_a_winner_can_use(table, seed):
     past the gaps the node-seconds alone would jump, and still no ASHA run reaches the target sooner."""
     from malletrain.bench.campaign import IdleCapacity, asha_bound
     # 24 nodes, idle five minutes of every two hours (all at once), for 4 days
-    times, idx, busy = [], [], []
-    for k in range(48):
-        for i in range(24):
-            times += [k * 7200.0 + 300.0, k * 7200.0 + 7200.0 - 1.0]
-            idx += [i, i]
-            busy += [True, False]
-    order = np.argsort(times, kind="stable")
-    trace = NodeTrace([f"n{i}" for i in range(24)], 0.0, 96 * 3600.0, np.zeros(24, bool),
-                      np.array(times)[order], np.array(idx, np.int32)[order], np.array(busy)[order])
+    trace = _bursts(24, 48, 7200.0, 300.0, 7200.0 - 1.0, 96)
     cap = IdleCapacity.of(trace)
     setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=2.0)
     bound = asha_bound(cap, table, seed, setup)
@@ -419,7 +423,7 @@ def test_the_bound_waits_for_the_idle_nodes_a_winner_can_use(table, seed):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 6])
-def test_the_clairvoyant_allocation_trains_a_known_winner_alone_and_can_meet_the_bound(table, seed, monkeypatch):
+def test_the_clairvoyant_allocation_trains_a_known_winner_alone_and_can_meet_the_bound(table, seed, replays):
     """asha-first: while a trial whose cell reaches the target is live, no other trial is submitted.
     A winner asked among the first trials reports first at every rung (Optuna's successive halving
     promotes the best of fewer than η values), so it completes at its soonest end alone on the idle
@@ -427,22 +431,15 @@ def test_the_clairvoyant_allocation_trains_a_known_winner_alone_and_can_meet_the
     replay's early retirement): there the bound is met by an allocation that knows the winner.  It
     is an ASHA allocation, so it never beats the bound (seed 3: its first winner is pruned)."""
     from malletrain.bench.campaign import IdleCapacity, asha_bound
-    from malletrain.replay import engine
     trace = _trace(hours=30.0)
     cap = IdleCapacity.of(trace)
     setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=2.0)
-    kept, replay = [], engine.run_replay
-
-    def kept_replay(*args, **kwargs):
-        kept.append(replay(*args, **kwargs))
-        return kept[-1]
-    monkeypatch.setattr(engine, "run_replay", kept_replay)
     out = run_campaign(trace, table, "asha-first", seed, setup, capacity=cap)
     bound = asha_bound(cap, table, seed, setup)
     assert out.reached_s is not None and bound is not None and bound <= out.reached_s
     for w in out.winners:           # nothing else was submitted while it was live
         end = math.inf if w.ended_h is None else w.ended_h * 3600.0
-        assert [j["job"] for j in kept[0].jobs if w.asked_h * 3600.0 <= j["submit_s"] < end] == [w.trial]
+        assert [j["job"] for j in replays[0].jobs if w.asked_h * 3600.0 <= j["submit_s"] < end] == [w.trial]
     first = out.winners[0]
     if first.asked_h == 0.0:
         assert first.pruned_at is None and first.soonest_h is not None
@@ -512,13 +509,13 @@ def test_a_mode_whose_first_run_drew_nothing_still_has_its_legend_entry(tmp_path
     monkeypatch.setattr(matplotlib.axes.Axes, "step", spy)
     empty = CampaignOutcome("asha", 0, span_s=7200.0)
     drawn = CampaignOutcome("asha", 1, reached_s=3600.0, span_s=7200.0, best_series=[(0.5, 60.0), (1.0, 70.0)])
-    cap = IdleCapacity(np.array([0.0, 7200.0]), np.array([2.0]), np.array([0.0, 14400.0]))
+    cap = IdleCapacity.of_levels(np.array([0.0, 7200.0]), np.array([2.0]))
     campaign_plot.plot_campaign({"asha": [empty, drawn, drawn]}, cap, 69.0, 70.0, str(tmp_path / "p.png"), "t")
     assert labels == ["asha", None] and (tmp_path / "p.png").stat().st_size > 0
 
 
 def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_what_became_of_it(
-        table, monkeypatch, capsys):
+        table, monkeypatch, capsys, replays):
     """``--winners``: every trial asked whose cell reaches the target, in ask order (the same cells
     the study asks in a run of that seed), asked before it ended; a pruned one at one of the rungs,
     and the run reaches the target when its first winner completes.  Also in the report's data."""
@@ -528,11 +525,11 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
     from malletrain.bench.campaign import CampaignDriver, IdleCapacity
     from malletrain.campaign.study import Study
     from malletrain.cli.main import main
-    from malletrain.replay import engine, traces
+    from malletrain.replay import traces
     trace = _trace(hours=30.0)
     setup = CampaignSetup(max_concurrent=4, max_nodes=2, target_points=2.0)
-    now, reports, kept = [0.0], {}, []       # the driver's time; trial -> its last (epoch, pruned?, when)
-    step, report, replay = CampaignDriver.step, Study.report, engine.run_replay
+    now, reports = [0.0], {}       # the driver's time; trial -> its last (epoch, pruned?, when)
+    step, report = CampaignDriver.step, Study.report
 
     def timed_step(self, sim, t):
         now[0] = t
@@ -541,16 +538,11 @@ def test_winners_say_when_each_trial_of_a_cell_within_the_target_was_asked_and_w
     def recorded(self, number, epoch, value):
         reports[f"t{number:05d}"] = (epoch, stop := report(self, number, epoch, value), now[0])
         return stop
-
-    def kept_replay(*args, **kwargs):
-        kept.append(replay(*args, **kwargs))
-        return kept[-1]
     with monkeypatch.context() as m:
         m.setattr(CampaignDriver, "step", timed_step)
         m.setattr(Study, "report", recorded)
-        m.setattr(engine, "run_replay", kept_replay)
         out = run_campaign(trace, table, "asha", 2, setup, capacity=IdleCapacity.of(trace))
-    jobs = {j["job"]: j for j in kept[0].jobs}
+    jobs = {j["job"]: j for j in replays[0].jobs}
     driver = CampaignDriver(table, "asha", 2, setup, 0.0)
     target = table.best - setup.target_points
     cells = [table.cell(driver.study.ask().params) for _ in range(out.asked)]

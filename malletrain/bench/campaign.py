@@ -301,7 +301,11 @@ class IdleCapacity:
     @classmethod
     def of(cls, trace: NodeTrace) -> IdleCapacity:
         from malletrain.replay.engine import idle_levels
-        times, levels = idle_levels(trace)
+        return cls.of_levels(*idle_levels(trace))
+
+    @classmethod
+    def of_levels(cls, times: np.ndarray, levels: np.ndarray) -> IdleCapacity:
+        """``levels[i]`` nodes idle from ``times[i]`` to ``times[i + 1]``."""
         return cls(times, levels, np.concatenate([[0.0], np.cumsum(levels * np.diff(times))]))
 
     def earliest(self, node_s: float) -> float:
