@@ -62,15 +62,53 @@ def test_promise_reorders_only_its_owners_jobs():
     assert reasons["b"].code is not ReasonCode.PROMISE
 
 
-def test_a_promise_buys_a_place_not_a_size():
-    """A promising trial that scales poorly is not grown at the cost of the owner's others."""
+def test_the_owners_most_promising_trial_grows_by_its_promise():
+    """Alice's trial a1 is at her highest rung: each size of it is worth its promise's share more
+    (w = 81 / 41 times its node-equivalents), so it grows past the size its curve alone pays
+    for, on nodes her other trial gives up; her total is what the allocation gave her."""
     jobs = [job("a1", "alice", hi=4), job("a2", "alice", hi=4)]
     curves = {"a1": curve(CONCAVE), "a2": curve(CONCAVE)}
     snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(4)), tuple(jobs))
     cfg = CoreConfig(policy="oracle")
     plain = decide(snap, curves, cfg)
     told = decide(snap, curves, cfg, Outlook(promise={"a1": 81.0}))
-    assert sizes(plain) == {"a1": 2, "a2": 2} and sizes(told) == sizes(plain)
+    assert sizes(plain) == {"a1": 2, "a2": 2}
+    assert sizes(told) == {"a1": 3, "a2": 1}
+    assert by_owner(told, jobs) == by_owner(plain, jobs)
+    reasons = {a.job_id: a for a in told.actions}
+    assert reasons["a1"].code is ReasonCode.PROMISE and reasons["a2"].code is ReasonCode.PROMISE
+
+
+@pytest.mark.parametrize("top", ["cannot grow", "in its start pause"])
+def test_a_promise_below_the_owners_top_buys_a_place_not_a_size(top):
+    """a1 is above the mean of Alice's six trials but below a0, her top one, which cannot grow
+    (one node at most) or is held out of the re-split by its start pause: a1 keeps the size its
+    curve pays for all the same.  Weighting every promising trial's sizes (tried first) grew the
+    trials of the middle rungs beyond their efficient size and slowed the exploration at the
+    first rungs (README, "What pruning and promise buy")."""
+    ids = ("a0", "a1", "a2", "a3", "a4", "a5")
+    a0 = (job("a0", "alice", hi=1) if top == "cannot grow"
+          else JobState(JobSpec("a0", 1, 4, owner="alice"), ("n0",), "gpu", 1030.0, 1000.0))
+    jobs = [a0] + [job(j, "alice", hi=4) for j in ids[1:]]
+    curves = {j: curve(CONCAVE) for j in ids}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(10)), tuple(jobs))
+    cfg = CoreConfig(policy="oracle")
+    plain = decide(snap, curves, cfg)
+    told = decide(snap, curves, cfg, Outlook(promise={"a0": 81.0, "a1": 27.0}))
+    assert sizes(plain)["a0"] == 1 and sizes(plain)["a1"] == 2
+    assert sizes(told) == sizes(plain)
+
+
+def test_trials_tied_at_the_top_grow_alike():
+    """Two trials at Alice's highest rung are both her most promising: each grows by the promise,
+    and her trial at the first rung gives up the nodes."""
+    jobs = [job("a1", "alice", hi=4), job("a2", "alice", hi=4), job("a3", "alice", hi=4)]
+    curves = {j: curve(CONCAVE) for j in ("a1", "a2", "a3")}
+    snap = Snapshot(1000.0, tuple(Node(f"n{i}") for i in range(7)), tuple(jobs))
+    cfg = CoreConfig(policy="oracle")
+    assert sizes(decide(snap, curves, cfg)) == {"a1": 2, "a2": 2, "a3": 3}
+    told = decide(snap, curves, cfg, Outlook(promise={"a1": 9.0, "a2": 9.0}))
+    assert sizes(told) == {"a1": 3, "a2": 3, "a3": 1}
 
 
 def test_a_slow_trial_buys_its_place_with_its_promise_not_its_sample_rate():

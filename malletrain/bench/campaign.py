@@ -13,12 +13,13 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   epochs, η = ``reduction_factor``), nodes likewise.
 * ``asha-promise``: the same, and each trial reports its promise (η^k after surviving k rungs)
   as a live trial's runtime does in its ``metric`` records: the core re-splits the user's nodes
-  among the user's trials by it, valued in node-equivalents (``CoreConfig.promise``).
+  among the user's trials by it, valued in node-equivalents, and grows the trials at the user's
+  highest rung by it (``CoreConfig.promise``).
 * ``asha-oracle``: a clairvoyant baseline, not a mode to use: the same ASHA, and each trial's
   promise is known from its start and exact — the highest for a trial whose final accuracy reaches
-  the target, 1 for the others.  It shows what the promise re-split (a place, not a size:
-  :func:`malletrain.core.decide._by_promise`) does with a perfect predictor of the trials that
-  matter.  It is no bound: running the known winners first costs the other trials' early rungs,
+  the target, 1 for the others.  It shows what the promise re-split (a place, and a size for the
+  most promising: :func:`malletrain.core.decide._by_promise`) does with a perfect predictor of the
+  trials that matter.  It is no bound: running the known winners first costs the other trials' early rungs,
   and on the Philly day it reaches the target later than ``asha-promise`` (README).
 * ``asha-first``: a clairvoyant allocation, not a mode to use: the same ASHA, and while a trial whose
   cell reaches the target is live, every other trial asked waits with no node (it is submitted once

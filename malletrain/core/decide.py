@@ -23,9 +23,9 @@ Pure: no I/O, no clock, no environment, no global randomness.  Steps:
    per-node MILP; ``static``: fixed size, FIFO).
    With ``promise`` on, an owner whose jobs report different promises (campaign trials: how
    many pruning rungs each survived) has the nodes the allocator gave its jobs re-split among
-   them, valued in node-equivalents, the more promising jobs first (:func:`_by_promise`); no
-   other owner's count changes, nor (but for nodes the owner's jobs keep) its nodes
-   (:func:`_place_apart`).
+   them, valued in node-equivalents, the more promising jobs first and the most promising
+   grown by their promise (:func:`_by_promise`); no other owner's count changes, nor (but
+   for nodes the owner's jobs keep) its nodes (:func:`_place_apart`).
 5. Counts become nodes (:mod:`malletrain.core.placement`: longest predicted
    stays to growing jobs) and every job gets an :class:`Action` with a reason: a
    :class:`ReasonCode` and the detail.
@@ -223,7 +223,7 @@ def decide(snapshot: Snapshot, curves: Mapping[str, Curve], config: CoreConfig,
         if compared:
             before = {j.job_id: sizes.get(j.job_id, (None, 0)) for j in free_jobs}
             promoted = _by_promise(problem, compared, equivalents, sizes, outlook.promise, free_jobs, method,
-                                   config, notes)
+                                   config, notes, _top_promises(jobs, outlook.promise))
             # an owner whose jobs' sizes or node types the re-split changed (a swap of types at
             # the same counts records no reason)
             resplit = frozenset(owner_of(j) for j in free_jobs if sizes.get(j.job_id, (None, 0)) != before[j.job_id])
@@ -588,9 +588,20 @@ def _differing_owners(jobs: Sequence[JobState], promise: Mapping[str, float]) ->
     return frozenset(owner for owner, ps in seen.items() if len(ps) > 1)
 
 
+def _top_promises(jobs: Sequence[JobState], promise: Mapping[str, float]) -> dict[str, float]:
+    """Each owner's highest promise among all its jobs, those a pin keeps out of the re-split
+    included (a trial in its start pause is still its owner's most promising)."""
+    top: dict[str, float] = {}
+    for j in jobs:
+        o = owner_of(j)
+        top[o] = max(top.get(o, MIN_PROMISE), _promise_of(j.job_id, promise))
+    return top
+
+
 def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mapping[str, tuple[Option, ...]],
                 sizes: dict[str, tuple[str | None, int]], promise: Mapping[str, float],
-                jobs: Sequence[JobState], method: str, cfg: CoreConfig, notes: list[str]) -> dict[str, Reason]:
+                jobs: Sequence[JobState], method: str, cfg: CoreConfig, notes: list[str],
+                top: Mapping[str, float]) -> dict[str, Reason]:
     """Re-split each owner's nodes among that owner's jobs by their promise (changes ``sizes``).
 
     The allocation above is left as it is for every owner whose jobs all report the same promise
@@ -598,14 +609,19 @@ def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mappi
     :func:`_differing_owners`), the nodes the allocation gave that
     owner's jobs (per node type) are allocated again among those jobs alone: each job valued in
     node-equivalents (``equivalents``: the ``speedup`` objective, whatever the configured one),
-    and a job more promising than the owner's mean first (:func:`_promised`: a place, not a
-    size).  What other owners' jobs get is the allocation's, whatever an owner reports: a promise
-    can only reorder its own jobs.
+    and a job more promising than the owner's mean first (:func:`_promised`: a place, and for
+    the owner's most promising jobs a size; ``top``: each owner's highest promise among all its
+    jobs, from :func:`_top_promises`).  What other owners' jobs get is the allocation's,
+    whatever an owner reports: a promise can only reorder its own jobs.
 
-    Why a place and not a size: weighting every size by the promise (tried first) grew promoted
-    trials beyond their efficient size and slowed the exploration at the first rungs by about a
-    third; on the NAS-Bench-201 campaign replay of the Philly day it reached the target later than
-    plain ASHA (``malletrain bench campaign``; README, "What pruning and promise buy").
+    Why a place for most and a size only for the top: weighting every size by the promise (tried
+    first) grew the promoted trials of every rung beyond their efficient size and slowed the
+    exploration at the first rungs by about a third; on the NAS-Bench-201 campaign replay of the
+    Philly day it reached the target later than plain ASHA.  A place alone left the trials at the
+    last rungs, the campaign's likely results, on the few nodes their curve paid for (a Theta
+    winner trained on 2 of 128 idle nodes where 4 would have finished it 9 h sooner).  Growing
+    only the owner's most promising jobs by their promise (stop 66) reached the target sooner on
+    both traces (``malletrain bench campaign``; README, "What pruning and promise buy").
 
     Why node-equivalents and not samples/s: a campaign's trials train different networks, whose
     samples/s differ up to 6× between light and heavy ones, and the good ones are heavy.  Valued
@@ -642,7 +658,7 @@ def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mappi
         same = [JobChoice(ch.job_id, equivalents[ch.job_id], ch.node_types, ch.current_size) for ch in choices]
         mean = sum(ps) / len(ps)
         unit = max((_first_value(ch) for ch in same), default=0.0)
-        scaled = [_promised(ch, p / mean, unit) for ch, p in zip(same, ps)]
+        scaled = [_promised(ch, p / mean, unit, grows=p >= top[owner]) for ch, p in zip(same, ps)]
         sub = allocate(Problem(_protect(scaled, protected), {t: cap.get(t, 0) for t in problem.capacity}),
                        method=method, time_limit_s=cfg.time_limit_s)
         notes.extend(sub.notes)
@@ -667,16 +683,19 @@ def _first_value(ch: JobChoice) -> float:
     return max(first.value, 0.0) if first is not None else 0.0
 
 
-def _promised(ch: JobChoice, w: float, unit: float) -> JobChoice:
+def _promised(ch: JobChoice, w: float, unit: float, grows: bool = False) -> JobChoice:
     """A job's options when its promise is ``w`` times its owner's mean: a job above the mean
     gets ``(w − 1)·unit`` added to every size (``unit``: the most any of the owner's jobs gains by
     running at all), so it gets a place before the owner's less promising jobs, whatever their
-    sample rates, but grows no further than its curve pays for; a job at or below the mean keeps
-    its values."""
+    sample rates; a job at or below the mean keeps its values.  Only the owner's most promising
+    jobs (``grows``: at the owner's highest promise, ties included) also value each size at ``w``
+    times what it is worth, so that their growth outweighs the others' by their promise; the
+    others grow no further than their curve pays for."""
     bonus = max(w - 1.0, 0.0) * unit
     if bonus <= 0.0:
         return ch
-    return JobChoice(ch.job_id, tuple(Option(o.size, o.value + bonus) if o.size else o for o in ch.options),
+    scale = w if grows else 1.0
+    return JobChoice(ch.job_id, tuple(Option(o.size, o.value * scale + bonus) if o.size else o for o in ch.options),
                      ch.node_types, ch.current_size)
 
 
