@@ -6,7 +6,7 @@
 # baseline asha-oracle (each trial's exact promise known when it is asked). Prints the time to a
 # trial within 1 point of the table's best and the node-hours spent on pruned trials, per seed,
 # and the ratios.
-# About three hours on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
+# About four hours on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
 # The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
@@ -41,6 +41,13 @@ run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_20
 #   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
 #       --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 --modes asha --sampler tpe
 #   (and --seeds 3 --modes asha-promise --sampler tpe)
+# Stop 66 (3cae1a5: the trials at a user's highest rung grow by their promise): asha-promise on seeds
+# 0-19 of both, the README's asha-promise figures (~25 and ~35 minutes; random-full, asha and the
+# speedup objective report no promise and keep their files above):
+run campaign-philly-top malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 \
+    --modes asha-promise "$@"
+run campaign-theta-week-top malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes asha-promise "$@"
 # A bound on any allocation of the ASHA modes (--bound: the idle node-hours, the order the study
 # asks its cells in, each trial's start pause, a winner on at most max_nodes of the nodes idle at each
 # moment and restarted after every moment none is), 20 seeds, with random-full for the ceiling of a
