@@ -48,6 +48,10 @@ run campaign-philly-top malletrain bench campaign --trace examples/philly-1day.c
     --modes asha-promise "$@"
 run campaign-theta-week-top malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes asha-promise "$@"
+# and the clairvoyant asha-oracle with it (results/campaign-oracle-top.txt, ~20 minutes as two runs of ten seeds):
+#   malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 --modes asha-oracle
+#   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+#       --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes asha-oracle
 # A bound on any allocation of the ASHA modes (--bound: the idle node-hours, the order the study
 # asks its cells in, each trial's start pause, a winner on at most max_nodes of the nodes idle at each
 # moment and restarted after every moment none is), 20 seeds, with random-full for the ceiling of a

@@ -19,9 +19,10 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   promise is known from its start and exact — the highest for a trial whose final accuracy reaches
   the target, 1 for the others.  It shows what the promise re-split (a place, and a size for the
   most promising: :func:`malletrain.core.decide._by_promise`) does with a perfect predictor of the
-  trials that matter.  It is no bound: running the known winners first costs the other trials' early rungs,
-  and on the Philly day it reached the target later than ``asha-promise`` (README; measured with
-  5305f95's re-split, a place only, and not again since the top trials grow).
+  trials that matter.  It is no bound: running the known winners first costs the other trials'
+  early rungs.  With the top trials growing (stop 66) it reaches the target 1.06× sooner than
+  ``asha-promise`` on the Philly day; with 5305f95's place-only re-split it was later on every
+  seed (README).
 * ``asha-first``: a clairvoyant allocation, not a mode to use: the same ASHA, and while a trial whose
   cell reaches the target is live, every other trial asked waits with no node (it is submitted once
   no such trial is live).  The known winner trains alone, on up to ``max_nodes`` of the idle nodes
