@@ -684,7 +684,7 @@ def _first_value(ch: JobChoice) -> float:
     return max(first.value, 0.0) if first is not None else 0.0
 
 
-def _promised(ch: JobChoice, w: float, unit: float, grows: bool = False) -> JobChoice:
+def _promised(ch: JobChoice, w: float, unit: float, *, grows: bool) -> JobChoice:
     """A job's options when its promise is ``w`` times its owner's mean: a job above the mean
     gets ``(w − 1)·unit`` added to every size (``unit``: the most any of the owner's jobs gains by
     running at all), so it gets a place before the owner's less promising jobs, whatever their
