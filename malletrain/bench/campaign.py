@@ -44,7 +44,10 @@ gain from the promise's.
 Figures per run: the time from the campaign's start until a complete trial is within
 ``target_points`` of the table's best (``None``: not within the trace), the node-hours spent
 on trials that were pruned, and the trials asked, pruned and completed.  The replay of a run ends
-at the target (nothing after it is measured).
+at the target (nothing after it is measured).  Between modes: the ratio of the mean times, and seed
+for seed on how many seeds one is sooner, with a 95% bootstrap interval of that ratio over the seeds
+(:func:`paired_figures`).  ``bench campaign-merge`` prints the same summary for runs made in parts
+(:mod:`malletrain.bench.campaign_merge`).
 
 **A bound** (``--bound``, :func:`asha_bound`): per seed, a time before which no allocation of these
 ASHA modes can reach the target on this trace's idle nodes.  The study's random sampler draws trial
@@ -426,8 +429,7 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
     table = load_table()
     outcomes: dict[str, list[CampaignOutcome]] = {}
     lines = [f"NAS-Bench-201 CIFAR-100: best {table.best:.2f}%, {table.within(setup.target_points)} of "
-             f"{len(table.cells)} cells within {setup.target_points:g} point; trace {trace_path}: "
-             f"{len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"
+             f"{len(table.cells)} cells within {setup.target_points:g} point; {trace_line(trace_path, trace)}"
              + ("" if objective == "samples" else f"; the core's objective: {objective}")]
     capacity = IdleCapacity.of(trace) if bound or winners or plot is not None else None
     for mode in modes:
@@ -437,33 +439,22 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
                              capacity=capacity if winners else None)
             got.append(o)
             if progress:
-                print(f"  {mode:13s} seed {seed}: {_hours(o.reached_s)} to target, best {o.best:.2f}%, "
-                      f"{o.asked} asked, {o.pruned} pruned, {o.completed} complete, "
-                      f"{o.pruned_node_h:.1f} of {o.node_h:.1f} node-h on pruned trials ({o.wall_s:.1f} s)",
-                      file=sys.stderr)
+                print(seed_line(o), file=sys.stderr)
         outcomes[mode] = got
-        reached = [o.reached_s for o in got if o.reached_s is not None]
-        lines.append(f"{mode:13s} to target: mean {_mean_h(got)}, median {_median_h(got)} "
-                     f"(reached {len(reached)}/{len(got)}), "
-                     f"per seed {', '.join(_hours(o.reached_s) for o in got)}; node-h on pruned trials "
-                     f"{statistics.fmean(o.pruned_node_h for o in got):.1f} of "
-                     f"{statistics.fmean(o.node_h for o in got):.1f}; trials asked "
-                     f"{statistics.fmean(o.asked for o in got):.0f}, pruned "
-                     f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
-                     f"{statistics.fmean(o.completed for o in got):.0f}")
+        lines.append(mode_line(mode, got))
         if winners:
             for o in got:
                 lines.append(f"  {mode} seed {o.seed}: {len(o.winners)} trial(s) of a cell within the target"
                              + ("" if o.winners else " asked"))
                 lines += [f"    {w.line()}" for w in o.winners]
-    lines += _ratios(outcomes)
+    lines += ratio_lines(outcomes)
     bounds: list[float | None] = []
     if bound and capacity is not None:
         for seed in range(first_seed, first_seed + seeds):
             bounds.append(asha_bound(capacity, table, seed, setup))
             if progress:
-                print(f"  {'bound':13s} seed {seed}: {_hours(bounds[-1])} at the earliest", file=sys.stderr)
-        lines += _bound_lines(bounds, trace.end_s - trace.start_s, outcomes)
+                print(bound_line(seed, bounds[-1]), file=sys.stderr)
+        lines += bound_lines(bounds, trace.end_s - trace.start_s, outcomes)
     plot_error = None
     if plot is not None and capacity is not None:
         try:
@@ -481,7 +472,38 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
     return Report(data, lines)
 
 
-def _bound_lines(bounds: list[float | None], span_s: float, outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
+def trace_line(trace_path: str, trace: NodeTrace) -> str:
+    """The trace, its nodes and its span (the span a run that missed the target counts;
+    :mod:`.campaign_merge` reads it back)."""
+    return f"trace {trace_path}: {len(trace.nodes)} nodes, {(trace.end_s - trace.start_s) / 3600:.1f} h"
+
+
+def seed_line(o: CampaignOutcome) -> str:
+    """One run's figures, as the bench prints them while it runs (:mod:`.campaign_merge` reads
+    them back)."""
+    return (f"  {o.mode:13s} seed {o.seed}: {_hours(o.reached_s)} to target, best {o.best:.2f}%, "
+            f"{o.asked} asked, {o.pruned} pruned, {o.completed} complete, "
+            f"{o.pruned_node_h:.1f} of {o.node_h:.1f} node-h on pruned trials ({o.wall_s:.1f} s)")
+
+
+def bound_line(seed: int, bound_s: float | None) -> str:
+    return f"  {'bound':13s} seed {seed}: {_hours(bound_s)} at the earliest"
+
+
+def mode_line(mode: str, got: list[CampaignOutcome]) -> str:
+    """A mode's figures over its seeds."""
+    reached = [o.reached_s for o in got if o.reached_s is not None]
+    return (f"{mode:13s} to target: mean {_mean_h(got)}, median {_median_h(got)} "
+            f"(reached {len(reached)}/{len(got)}), "
+            f"per seed {', '.join(_hours(o.reached_s) for o in got)}; node-h on pruned trials "
+            f"{statistics.fmean(o.pruned_node_h for o in got):.1f} of "
+            f"{statistics.fmean(o.node_h for o in got):.1f}; trials asked "
+            f"{statistics.fmean(o.asked for o in got):.0f}, pruned "
+            f"{statistics.fmean(o.pruned for o in got):.0f}, complete "
+            f"{statistics.fmean(o.completed for o in got):.0f}")
+
+
+def bound_lines(bounds: list[float | None], span_s: float, outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
     """The bound's figures, and the most any allocation of the ASHA modes could gain over each mode
     run: that mode's mean time over the bound's (a seed the bound puts beyond the trace counts the
     trace's span, as a run that missed the target does)."""
@@ -525,7 +547,7 @@ def _hours(s: float | None) -> str:
     return "not reached" if s is None else f"{s / 3600:.2f} h"
 
 
-def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
+def ratio_lines(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
     """How much sooner ``asha-promise`` (and the clairvoyant ``asha-oracle`` and ``asha-first``, when
     run) reaches the target than the modes without a promise (means over seeds; a run that never reached it counts the
     trace's span, so a ratio against it is a lower bound)."""
@@ -551,4 +573,41 @@ def _ratios(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
                 if both and mine_both > 0:
                     out.append(f"  on the {len(both)} seed(s) where both reached it: "
                                f"{sum(b for _, b in both) / mine_both:.2f}x")
+                out += _paired_lines(outcomes[me], other)
     return out
+
+
+TIE_S = 36.0                    # runs print their times to 0.01 h: closer than that is a tie
+INTERVAL_MIN_SEEDS = 5          # fewer seeds give no interval worth printing
+INTERVAL_RESAMPLES = 10_000
+
+
+def paired_figures(mine: Sequence[CampaignOutcome], other: Sequence[CampaignOutcome]
+                   ) -> tuple[int, int, int, tuple[float, float] | None]:
+    """Seed for seed (the seeds both ran): on how many ``mine`` is sooner than ``other``, later, and
+    within ``TIE_S``; and a 95% interval of the ratio of their mean times (other's over mine) over
+    the seeds: a percentile bootstrap that resamples the seeds in pairs (``INTERVAL_RESAMPLES``
+    resamples from a fixed generator, so a report is the same every time; None under
+    ``INTERVAL_MIN_SEEDS`` seeds).  A run that missed the target counts the trace's span, as in the
+    means.  The interval says how much the ratio owes to which seeds were run: it is no
+    guarantee for other traces or models."""
+    theirs = {o.seed: _time(o) for o in other}
+    pairs = np.array([(_time(o), theirs[o.seed]) for o in mine if o.seed in theirs], dtype=float).reshape(-1, 2)
+    diff = pairs[:, 1] - pairs[:, 0]
+    sooner, later = int(np.sum(diff > TIE_S)), int(np.sum(diff < -TIE_S))
+    interval = None
+    if len(pairs) >= INTERVAL_MIN_SEEDS and np.all(pairs[:, 0] > 0):
+        picks = np.random.default_rng(0).integers(0, len(pairs), size=(INTERVAL_RESAMPLES, len(pairs)))
+        ratios = pairs[picks, 1].mean(axis=1) / pairs[picks, 0].mean(axis=1)
+        lo, hi = np.percentile(ratios, [2.5, 97.5])
+        interval = (float(lo), float(hi))
+    return sooner, later, len(pairs) - sooner - later, interval
+
+
+def _paired_lines(mine: Sequence[CampaignOutcome], other: Sequence[CampaignOutcome]) -> list[str]:
+    sooner, later, tied, interval = paired_figures(mine, other)
+    if sooner + later + tied == 0:
+        return []
+    spread = ("" if interval is None else
+              f"; 95% interval of the ratio over seeds (bootstrap): {interval[0]:.2f}-{interval[1]:.2f}x")
+    return [f"  seed for seed: sooner on {sooner}, later on {later}, within 0.01 h on {tied}{spread}"]

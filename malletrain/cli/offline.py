@@ -253,6 +253,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          "could gain over each mode run")
     bn.add_argument("--json", action="store_true", help="print JSON only")
 
+    bm = bsub.add_parser("campaign-merge", help="the summary of `bench campaign` runs made in parts "
+                                                "(--first-seed), read back from their output",
+                         description="Read the output of `bench campaign` runs (stderr with stdout, as "
+                                     "benchmarks/campaign.sh keeps it) and print the summary one run of all of "
+                                     "them prints: each mode's mean and median time to the target, the ratios "
+                                     "between modes, seed for seed with a 95%% bootstrap interval over the seeds, "
+                                     "and the bound where every seed has one.  Nothing is replayed.  The parts "
+                                     "must name one trace, node count, span and objective; a mode and seed met "
+                                     "twice must be the same run; modes that ran different seeds are compared on "
+                                     "the seeds all of them ran.")
+    bm.set_defaults(run=cmd_bench_campaign_merge)
+    bm.add_argument("files", nargs="+", metavar="FILE", help="the output of one part")
+    bm.add_argument("--json", action="store_true", help="print JSON only")
+
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
                          description="Run N real daemon cycles against the cluster the config names "
                                      "(benchmarks/slurm.sh sets up the local one).")
@@ -336,6 +350,12 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
     if report.data.get("plot_error"):       # the figures are out; the plot is not
         print(f"malletrain: error: {report.data['plot_error']}", file=sys.stderr)
         return 2
+    return 0
+
+
+def cmd_bench_campaign_merge(args: argparse.Namespace) -> int:
+    from malletrain.bench.campaign_merge import merge_campaigns
+    merge_campaigns(args.files).emit(args.json)
     return 0
 
 

@@ -1,0 +1,172 @@
+"""``malletrain bench campaign-merge FILE...``: the summary of campaign runs printed before, in parts.
+
+``bench campaign --first-seed N --seeds K`` splits a long series over processes or days; the output
+of each part (stderr and stdout together, as ``benchmarks/campaign.sh`` keeps it) holds one line per
+run (:func:`~malletrain.bench.campaign.seed_line`), one per bound (``--bound``) and a header naming
+the trace.  This reads those lines back and prints the summary the bench prints for one run of all
+of them: each mode's mean and median, the ratios between modes, seed for seed with a bootstrap
+interval (:func:`~malletrain.bench.campaign.paired_figures`), and the bound's lines where every
+seed has one.  Nothing is replayed, so its figures are those of the lines as printed (times to
+0.01 h, node-hours to 0.1): the means can differ from a single run's in the last digit.
+
+It trusts the files to come from one setup (the header's trace, node count, span and objective
+must agree; sampler, rungs and the code's version are not printed and cannot be checked).  A
+mode and seed met twice must be the same run, figure for figure; two different runs of one seed
+(another commit, another setup) are an error naming both lines.  Modes that ran different seeds
+are compared on the seeds all of them ran, and the summary names the seeds left out.
+
+Bad input exits 2 with the file and line (:class:`~malletrain.domain.errors.InputError`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from malletrain.bench import Report
+from malletrain.bench.campaign import (
+    MODES,
+    CampaignOutcome,
+    bound_lines,
+    mode_line,
+    ratio_lines,
+)
+from malletrain.domain.errors import InputError
+
+MAX_FILE_BYTES = 16 << 20       # a 20-seed series with --winners is under 1 MiB
+_NUM = r"\d{1,9}(?:\.\d{1,9})?"
+_SEED = re.compile(rf"^  (?P<mode>[a-z-]{{1,20}}) +seed (?P<seed>\d{{1,9}}): (?P<time>not reached|{_NUM} h) to "
+                   rf"target, best (?P<best>-inf|-?{_NUM})%, (?P<asked>\d{{1,9}}) asked, (?P<pruned>\d{{1,9}}) "
+                   rf"pruned, (?P<completed>\d{{1,9}}) complete, (?P<pruned_h>{_NUM}) of (?P<node_h>{_NUM}) "
+                   rf"node-h on pruned trials \((?P<wall>{_NUM}) s\)$")
+_BOUND = re.compile(rf"^  bound +seed (?P<seed>\d{{1,9}}): (?P<time>not reached|{_NUM} h) at the earliest$")
+_HEADER = re.compile(rf"^NAS-Bench-201 .*?; trace (?P<trace>.{{1,4096}}): (?P<nodes>\d{{1,9}}) nodes, "
+                     rf"(?P<span>{_NUM}) h(?:; the core's objective: (?P<objective>[a-z]{{1,20}}))?$")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a part's header says of its runs (the trace by its file name: parts may name it by
+    different paths)."""
+
+    trace: str
+    nodes: int
+    span_h: float
+    objective: str
+
+
+@dataclass(frozen=True)
+class _Seen:
+    path: str
+    number: int
+    line: str             # the line, stripped
+
+    @property
+    def where(self) -> str:
+        return f"{self.path} line {self.number}"
+
+
+def _hours_s(text: str) -> float | None:
+    return None if text == "not reached" else float(text[:-2]) * 3600.0
+
+
+def _read(path: str) -> list[str]:
+    try:
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            raise InputError(f"larger than {MAX_FILE_BYTES >> 20} MiB: not a campaign bench's output", path=path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def _part(path: str) -> tuple[Setup, list[tuple[CampaignOutcome, _Seen]], list[tuple[int, float | None, _Seen]]]:
+    setup: Setup | None = None
+    runs: list[tuple[CampaignOutcome, _Seen]] = []
+    bounds: list[tuple[int, float | None, _Seen]] = []
+    for number, line in enumerate(_read(path), 1):
+        seen = _Seen(path, number, line.strip())
+        if m := _HEADER.match(line):
+            got = Setup(os.path.basename(m["trace"]), int(m["nodes"]), float(m["span"]), m["objective"] or "samples")
+            if setup is not None and got != setup:
+                raise InputError(f"a second header for another setup ({got}) than the first ({setup})",
+                                 path=path, line=number)
+            setup = got
+        elif m := _SEED.match(line):
+            if m["mode"] not in MODES:
+                raise InputError(f"unknown mode {m['mode']!r} (known: {', '.join(MODES)})", path=path, line=number)
+            o = CampaignOutcome(m["mode"], int(m["seed"]), reached_s=_hours_s(m["time"]), best=float(m["best"]),
+                                asked=int(m["asked"]), pruned=int(m["pruned"]), completed=int(m["completed"]),
+                                pruned_node_h=float(m["pruned_h"]), node_h=float(m["node_h"]),
+                                wall_s=float(m["wall"]))
+            runs.append((o, seen))
+        elif m := _BOUND.match(line):
+            bounds.append((int(m["seed"]), _hours_s(m["time"]), seen))
+    if setup is None:
+        raise InputError("no header line naming the trace ('NAS-Bench-201 ...; trace ...: N nodes, H h'): "
+                         "keep the bench's stdout with its stderr", path=path)
+    if not runs and not bounds:
+        raise InputError("no run lines ('  MODE seed N: ... to target, ...'): keep the bench's stderr with "
+                         "its stdout", path=path)
+    return setup, runs, bounds
+
+
+def _same_run(a: CampaignOutcome, b: CampaignOutcome) -> bool:
+    """The same run printed twice: every figure but the wall time."""
+    return {**asdict(a), "wall_s": 0.0} == {**asdict(b), "wall_s": 0.0}
+
+
+def merge_campaigns(paths: Sequence[str]) -> Report:
+    """The bench's summary over the runs in ``paths`` (module docstring)."""
+    if not paths:
+        raise InputError("name at least one file of the campaign bench's output")
+    setup: Setup | None = None
+    first_where = ""
+    runs: dict[tuple[str, int], tuple[CampaignOutcome, _Seen]] = {}
+    bounds: dict[int, tuple[float | None, _Seen]] = {}
+    for path in paths:
+        got, part_runs, part_bounds = _part(path)
+        if setup is None:
+            setup, first_where = got, path
+        elif got != setup:
+            raise InputError(f"another setup ({got}) than {first_where}'s ({setup}): merge runs of one trace, "
+                             "node count, span and objective", path=path)
+        for o, seen in part_runs:
+            key = (o.mode, o.seed)
+            if key in runs and not _same_run(runs[key][0], o):
+                raise InputError(f"{o.mode} seed {o.seed} is another run than at {runs[key][1].where} "
+                                 f"({runs[key][1].line!r}): parts of different code or setups; merge one of them",
+                                 path=path, line=seen.number)
+            runs.setdefault(key, (o, seen))
+        for seed, b, seen in part_bounds:
+            if seed in bounds and bounds[seed][0] != b:
+                raise InputError(f"bound seed {seed} differs from {bounds[seed][1].where} ({bounds[seed][1].line!r})",
+                                 path=path, line=seen.number)
+            bounds.setdefault(seed, (b, seen))
+    assert setup is not None
+    span_s = setup.span_h * 3600.0
+    modes = [m for m in MODES if any(k[0] == m for k in runs)]
+    seeds_of = {m: {s for (mode, s) in runs if mode == m} for m in modes}
+    common = sorted(set.intersection(*seeds_of.values())) if modes else sorted(bounds)
+    lines = [f"{len(runs)} run(s) and {len(bounds)} bound(s) from {len(paths)} file(s): trace {setup.trace}: "
+             f"{setup.nodes} nodes, {setup.span_h:.1f} h"
+             + ("" if setup.objective == "samples" else f"; the core's objective: {setup.objective}")]
+    left = {m: sorted(seeds_of[m] - set(common)) for m in modes}
+    lines += [f"  {m}: seed(s) {', '.join(map(str, s))} left out (not run in every mode)" for m, s in left.items() if s]
+    outcomes: dict[str, list[CampaignOutcome]] = {}
+    for m in modes:
+        outcomes[m] = [runs[(m, s)][0] for s in common]
+        for o in outcomes[m]:
+            o.span_s = span_s
+        lines.append(mode_line(m, outcomes[m]))
+    lines += ratio_lines(outcomes)
+    if common and all(s in bounds for s in common):
+        lines += bound_lines([bounds[s][0] for s in common], span_s, outcomes)
+    elif bounds:
+        lines.append("bound: not every seed has one; its lines are left out")
+    data = {"setup": asdict(setup), "files": list(paths), "seeds": common,
+            "bound_s": {str(s): b for s, (b, _) in sorted(bounds.items())},
+            "runs": [{k: v for k, v in asdict(o).items() if k not in ("pruned_jobs", "winners", "best_series")}
+                     for got in outcomes.values() for o in got]}
+    return Report(data, lines)

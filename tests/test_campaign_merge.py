@@ -1,0 +1,126 @@
+"""``bench campaign-merge``: the summary of campaign runs made in parts, read back from their output."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from malletrain.bench.campaign import (
+    CampaignOutcome,
+    bound_line,
+    bound_lines,
+    mode_line,
+    ratio_lines,
+    seed_line,
+    trace_line,
+)
+from malletrain.bench.campaign_merge import merge_campaigns
+from malletrain.domain.errors import InputError
+
+DAY_S = 86400.0
+TRACE = SimpleNamespace(nodes=list(range(420)), start_s=0.0, end_s=DAY_S)
+
+
+def _runs(mode, hours, first=0, **figures):
+    return [CampaignOutcome(mode, first + i, reached_s=None if h is None else h * 3600.0, span_s=DAY_S,
+                            best=72.5 + i / 10, asked=100 + i, pruned=90 + i, completed=3, pruned_node_h=10.5 + i,
+                            node_h=20.5 + i, wall_s=1.5 * i, **figures) for i, h in enumerate(hours)]
+
+
+def _header(trace_path="/data/philly-1day.csv.gz", objective=None):
+    return ("NAS-Bench-201 CIFAR-100: best 73.49%, 22 of 15625 cells within 1 point; "
+            + trace_line(trace_path, TRACE) + ("" if objective is None else f"; the core's objective: {objective}"))
+
+
+def _part(tmp_path, name, runs, bounds=(), header=None, summary=True):
+    """A part's output as benchmarks/campaign.sh keeps it: the progress lines (stderr) and then the
+    summary (stdout), whose mode lines the merge does not read."""
+    lines = [seed_line(o) for o in runs] + [bound_line(s, b) for s, b in bounds]
+    lines.append(header or _header())
+    if summary:
+        lines += [mode_line(runs[0].mode, runs)] if runs else []
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_parts_merged_print_what_one_run_of_them_all_prints(tmp_path):
+    promise = _runs("asha-promise", [1.0, 2.5, None, 3.25, 0.75, 4.0])
+    asha = _runs("asha", [2.0, 2.5, None, 6.5, 3.0, 4.01])
+    bounds = [0.5, 0.52, 1.4, 0.61, 0.5, 0.7]
+    # seeds 0-2 and 3-5 in two parts each; asha's second part also printed twice (--winners file)
+    parts = [_part(tmp_path, "a0", asha[:3], [(s, b * 3600) for s, b in enumerate(bounds[:3])]),
+             _part(tmp_path, "a3", asha[3:], [(s + 3, b * 3600) for s, b in enumerate(bounds[3:])]),
+             _part(tmp_path, "p0", promise[:3]), _part(tmp_path, "p3", promise[3:]),
+             _part(tmp_path, "again", asha[3:])]
+    report = merge_campaigns(parts)
+    outcomes = {"asha": asha, "asha-promise": promise}
+    want = [mode_line("asha", asha), mode_line("asha-promise", promise), *ratio_lines(outcomes),
+            *bound_lines([b * 3600 for b in bounds], DAY_S, outcomes)]
+    assert report.lines[0] == "12 run(s) and 6 bound(s) from 5 file(s): trace philly-1day.csv.gz: 420 nodes, 24.0 h"
+    assert report.lines[1:] == want
+    assert any("95% interval" in line for line in want)              # six seeds: the interval is there
+    assert report.data["seeds"] == list(range(6)) and len(report.data["runs"]) == 12
+
+
+def test_modes_are_compared_on_the_seeds_all_of_them_ran(tmp_path):
+    report = merge_campaigns([_part(tmp_path, "a", _runs("asha", [2.0, 3.0, 4.0])),
+                              _part(tmp_path, "p", _runs("asha-promise", [1.0, 1.5], first=1))])
+    assert "  asha: seed(s) 0 left out (not run in every mode)" in report.lines
+    assert mode_line("asha", _runs("asha", [2.0, 3.0, 4.0])[1:]) in report.lines
+    assert "asha-promise reaches the target 2.80x sooner than asha" in report.lines       # 7 h / 2.5 h
+
+
+@pytest.mark.parametrize("case, message", [
+    ("another run", "asha seed 1 is another run than at"),
+    ("another trace", "another setup"),
+    ("another objective", "another setup"),
+    ("two headers", "a second header"),
+    ("no header", "no header line"),
+    ("no runs", "no run lines"),
+    ("unknown mode", "unknown mode 'asha-magic'"),
+    ("another bound", "bound seed 0 differs"),
+    ("missing", "cannot read"),
+])
+def test_parts_that_do_not_belong_together_are_refused_naming_the_line(tmp_path, case, message):
+    good = _part(tmp_path, "good", _runs("asha", [2.0, 3.0]), [(0, 1800.0)])
+    other = {
+        "another run": lambda: _part(tmp_path, "x", _runs("asha", [2.0, 3.01])),
+        "another trace": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header("/data/theta.swf")),
+        "another objective": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header(objective="speedup")),
+        "two headers": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header() + "\n" + _header("t.swf")),
+        "no header": lambda: str(tmp_path.joinpath("x").write_text(seed_line(_runs("asha", [2.0])[0])) and
+                                 tmp_path / "x"),
+        "no runs": lambda: str(tmp_path.joinpath("x").write_text(_header() + "\n") and tmp_path / "x"),
+        "unknown mode": lambda: _part(tmp_path, "x", _runs("asha-magic", [2.0])),
+        "another bound": lambda: _part(tmp_path, "x", [], [(0, 1900.0)]),
+        "missing": lambda: str(tmp_path / "nowhere"),
+    }[case]()
+    with pytest.raises(InputError, match=message) as err:
+        merge_campaigns([good, other])
+    assert err.value.path == other
+    if case in ("another run", "unknown mode", "two headers", "another bound"):
+        assert err.value.line is not None and err.value.line >= 1
+    if case == "another run":
+        assert f"{good} line 2" in str(err.value)          # the first run of that seed, named
+
+
+def test_the_same_run_printed_twice_is_one_run_whatever_its_wall_time(tmp_path):
+    runs = _runs("asha", [2.0, 3.0])
+    again = [CampaignOutcome(**{**o.__dict__, "wall_s": o.wall_s + 9.0}) for o in runs]
+    report = merge_campaigns([_part(tmp_path, "a", runs), _part(tmp_path, "b", again)])
+    assert report.lines[0].startswith("2 run(s)") and mode_line("asha", runs) in report.lines
+
+
+def test_the_command_exits_2_naming_the_file_without_a_traceback(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("nothing of a campaign here\n")
+    r = subprocess.run([sys.executable, "-m", "malletrain", "bench", "campaign-merge", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+    good = _part(tmp_path, "good", _runs("asha", [2.0, 3.0]))
+    r = subprocess.run([sys.executable, "-m", "malletrain", "bench", "campaign-merge", good],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and mode_line("asha", _runs("asha", [2.0, 3.0])) in r.stdout
