@@ -124,3 +124,12 @@ def test_the_command_exits_2_naming_the_file_without_a_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "malletrain", "bench", "campaign-merge", good],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and mode_line("asha", _runs("asha", [2.0, 3.0])) in r.stdout
+
+
+def test_overlong_lines_are_skipped_unread(tmp_path):
+    runs = _runs("asha", [2.0, 3.0])
+    p = tmp_path / "part"
+    long_line = seed_line(_runs("asha", [9.0], first=7)[0]).replace("asha ", "asha " + " " * 9000)
+    p.write_text("\n".join([seed_line(o) for o in runs] + [long_line, "x" * 100_000, _header()]) + "\n")
+    report = merge_campaigns([str(p)])
+    assert report.data["seeds"] == [0, 1] and report.lines[1] == mode_line("asha", runs)

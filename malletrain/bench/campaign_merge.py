@@ -35,13 +35,14 @@ from malletrain.bench.campaign import (
 from malletrain.domain.errors import InputError
 
 MAX_FILE_BYTES = 16 << 20       # a 20-seed series with --winners is under 1 MiB
+MAX_LINE = 8192                 # the lines read are far shorter (a header's trace path at most 4,096)
 _NUM = r"\d{1,9}(?:\.\d{1,9})?"
 _SEED = re.compile(rf"^  (?P<mode>[a-z-]{{1,20}}) +seed (?P<seed>\d{{1,9}}): (?P<time>not reached|{_NUM} h) to "
                    rf"target, best (?P<best>-inf|-?{_NUM})%, (?P<asked>\d{{1,9}}) asked, (?P<pruned>\d{{1,9}}) "
                    rf"pruned, (?P<completed>\d{{1,9}}) complete, (?P<pruned_h>{_NUM}) of (?P<node_h>{_NUM}) "
                    rf"node-h on pruned trials \((?P<wall>{_NUM}) s\)$")
 _BOUND = re.compile(rf"^  bound +seed (?P<seed>\d{{1,9}}): (?P<time>not reached|{_NUM} h) at the earliest$")
-_HEADER = re.compile(rf"^NAS-Bench-201 .*?; trace (?P<trace>.{{1,4096}}): (?P<nodes>\d{{1,9}}) nodes, "
+_HEADER = re.compile(rf"^NAS-Bench-201 [^;]{{0,200}}; trace (?P<trace>.{{1,4096}}): (?P<nodes>\d{{1,9}}) nodes, "
                      rf"(?P<span>{_NUM}) h(?:; the core's objective: (?P<objective>[a-z]{{1,20}}))?$")
 
 
@@ -86,6 +87,8 @@ def _part(path: str) -> tuple[Setup, list[tuple[CampaignOutcome, _Seen]], list[t
     runs: list[tuple[CampaignOutcome, _Seen]] = []
     bounds: list[tuple[int, float | None, _Seen]] = []
     for number, line in enumerate(_read(path), 1):
+        if len(line) > MAX_LINE:        # none of the lines read: skipped unmatched (bounded matching time)
+            continue
         seen = _Seen(path, number, line.strip())
         if m := _HEADER.match(line):
             got = Setup(os.path.basename(m["trace"]), int(m["nodes"]), float(m["span"]), m["objective"] or "samples")
