@@ -1,6 +1,7 @@
 """``bench campaign-merge``: the summary of campaign runs made in parts, read back from their output."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -46,6 +47,12 @@ def _part(tmp_path, name, runs, bounds=(), header=None, summary=True):
     return str(p)
 
 
+def _file(tmp_path, name, *lines):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
 def test_parts_merged_print_what_one_run_of_them_all_prints(tmp_path):
     promise = _runs("asha-promise", [1.0, 2.5, None, 3.25, 0.75, 4.0])
     asha = _runs("asha", [2.0, 2.5, None, 6.5, 3.0, 4.01])
@@ -83,6 +90,9 @@ def test_modes_are_compared_on_the_seeds_all_of_them_ran(tmp_path):
     ("unknown mode", "unknown mode 'asha-magic'"),
     ("another bound", "bound seed 0 differs"),
     ("missing", "cannot read"),
+    ("unreadable run", "a run's line that does not read as one"),
+    ("a fifo", "not a regular file"),
+    ("a directory", "not a regular file"),
 ])
 def test_parts_that_do_not_belong_together_are_refused_naming_the_line(tmp_path, case, message):
     good = _part(tmp_path, "good", _runs("asha", [2.0, 3.0]), [(0, 1800.0)])
@@ -91,9 +101,12 @@ def test_parts_that_do_not_belong_together_are_refused_naming_the_line(tmp_path,
         "another trace": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header("/data/theta.swf")),
         "another objective": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header(objective="speedup")),
         "two headers": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header() + "\n" + _header("t.swf")),
-        "no header": lambda: str(tmp_path.joinpath("x").write_text(seed_line(_runs("asha", [2.0])[0])) and
-                                 tmp_path / "x"),
-        "no runs": lambda: str(tmp_path.joinpath("x").write_text(_header() + "\n") and tmp_path / "x"),
+        "no header": lambda: _file(tmp_path, "x", seed_line(_runs("asha", [2.0])[0])),
+        "no runs": lambda: _file(tmp_path, "x", _header()),
+        "unreadable run": lambda: _file(tmp_path, "x", _header(), seed_line(_runs("asha", [2.0])[0]).replace(
+            "72.50%", "nan%")),
+        "a fifo": lambda: (os.mkfifo(tmp_path / "x"), str(tmp_path / "x"))[1],
+        "a directory": lambda: str(tmp_path),
         "unknown mode": lambda: _part(tmp_path, "x", _runs("asha-magic", [2.0])),
         "another bound": lambda: _part(tmp_path, "x", [], [(0, 1900.0)]),
         "missing": lambda: str(tmp_path / "nowhere"),
@@ -101,7 +114,7 @@ def test_parts_that_do_not_belong_together_are_refused_naming_the_line(tmp_path,
     with pytest.raises(InputError, match=message) as err:
         merge_campaigns([good, other])
     assert err.value.path == other
-    if case in ("another run", "unknown mode", "two headers", "another bound"):
+    if case in ("another run", "unknown mode", "two headers", "another bound", "unreadable run"):
         assert err.value.line is not None and err.value.line >= 1
     if case == "another run":
         assert f"{good} line 2" in str(err.value)          # the first run of that seed, named
@@ -133,3 +146,24 @@ def test_overlong_lines_are_skipped_unread(tmp_path):
     p.write_text("\n".join([seed_line(o) for o in runs] + [long_line, "x" * 100_000, _header()]) + "\n")
     report = merge_campaigns([str(p)])
     assert report.data["seeds"] == [0, 1] and report.lines[1] == mode_line("asha", runs)
+
+
+def test_modes_with_no_seed_in_common_are_refused(tmp_path):
+    with pytest.raises(InputError, match="no seed was run in every mode: asha ran seed.s. 0, 1; asha-promise ran "
+                                         "seed.s. 2, 3"):
+        merge_campaigns([_part(tmp_path, "a", _runs("asha", [2.0, 3.0])),
+                         _part(tmp_path, "p", _runs("asha-promise", [1.0, 1.5], first=2))])
+
+
+def test_what_reads_back_is_what_was_printed(tmp_path):
+    """A run with no complete trial (best -inf), a missed run and times off the printed step read
+    back as printed; modes come in the order the files name them."""
+    runs = [CampaignOutcome("asha-first", 0, reached_s=None, span_s=DAY_S, best=float("-inf")),
+            CampaignOutcome("asha-first", 1, reached_s=1234.5, span_s=DAY_S, best=72.0, asked=12, node_h=0.04)]
+    other = _runs("asha", [0.35, 0.2])
+    report = merge_campaigns([_part(tmp_path, "f", runs), _part(tmp_path, "a", other)])
+    assert [r["mode"] for r in report.data["runs"]] == ["asha-first"] * 2 + ["asha"] * 2
+    back = report.data["runs"][:2]
+    assert back[0]["reached_s"] is None and back[0]["best"] == float("-inf")
+    assert back[1]["reached_s"] == pytest.approx(0.34 * 3600) and back[1]["node_h"] == 0.0   # as printed
+    assert report.lines[1] == mode_line("asha-first", runs)      # the line prints the same

@@ -277,7 +277,7 @@ def test_the_summary_says_which_figures_are_bounds():
     lines = ratio_lines(got)
     assert "uncertain" in lines[0]                        # asha-promise itself missed a run
     assert lines[4].strip() == "on the 2 seed(s) where both reached it: 1.20x"    # (7200+14400)/(3600+14400)
-    assert lines[5].strip() == "seed for seed: sooner on 1, later on 0, within 0.01 h on 2"   # three seeds: no interval
+    assert lines[5].strip() == "seed for seed: sooner on 1, later on 0, the same to 0.01 h on 2"  # 3 seeds
     missed = {m: runs(m, [None, None]) for m in ("asha", "asha-promise")}
     assert ratio_lines(missed) == ["neither asha-promise nor asha reached the target within the trace"]
 
@@ -290,24 +290,33 @@ def test_seed_for_seed_counts_and_a_bootstrap_interval_of_the_ratio():
         return [CampaignOutcome(mode, first + i, reached_s=t, span_s=day) for i, t in enumerate(times)]
     mine = runs("asha-promise", [3600.0, 7200.0, 7200.0, 10800.0, 3600.0, 7200.0])
     # twice as long on every seed: every resample's ratio is 2, and so is the interval
-    sooner, later, tied, interval = paired_figures(mine, runs("asha", [2 * o.reached_s for o in mine]))
-    assert (sooner, later, tied) == (6, 0, 0) and interval == pytest.approx((2.0, 2.0))
+    p = paired_figures(mine, runs("asha", [2 * o.reached_s for o in mine]))
+    assert (p.sooner, p.later, p.same) == (6, 0, 0) and p.interval == pytest.approx((2.0, 2.0))
     # one seed far later, one later by under 0.01 h, one sooner: the interval holds the point ratio
     # and is wide, and a second call gives the same (a fixed generator)
-    other = runs("asha", [3600.0 + 30.0, 7200.0 * 10, 3600.0, 10800.0, 3600.0, 7200.0])
-    sooner, later, tied, interval = paired_figures(mine, other)
-    assert (sooner, later, tied) == (1, 1, 4)
+    other = runs("asha", [3600.0 + 17.0, 7200.0 * 10, 3600.0, 10800.0, 3600.0, 7200.0])
+    p = paired_figures(mine, other)
+    assert (p.sooner, p.later, p.same) == (1, 1, 4)
     point = sum(o.reached_s for o in other) / sum(o.reached_s for o in mine)
-    assert interval[0] < 1.0 < point < interval[1]
-    assert paired_figures(mine, other) == (sooner, later, tied, interval)
+    assert p.interval[0] < 1.0 < point < p.interval[1]
+    assert paired_figures(mine, other) == p
+    # times compare at the step they print to (0.01 h): 1.00 and 1.01 h differ, 1.004 and 1.006 h do not
+    # (they print as 1.00 and 1.01: rounding decides, as reading them back would)
+    a, b = runs("x", [1.0 * 3600, 1.004 * 3600]), runs("y", [1.01 * 3600, 1.0049 * 3600])
+    p = paired_figures(a, b)
+    assert (p.sooner, p.later, p.same) == (1, 0, 1)
     # only the seeds both ran are paired; a missed run counts the span, as in the mean
-    assert paired_figures(mine, runs("asha", [7200.0] * 3, first=4))[:3] == (1, 0, 1)    # seeds 4 and 5
-    assert paired_figures(mine[:4], runs("asha", [None] * 4))[3] is None       # under five seeds
-    lo, hi = paired_figures(mine, runs("asha", [None] * 6))[3]
+    p = paired_figures(mine, runs("asha", [7200.0] * 3, first=4))      # seeds 4 and 5
+    assert (p.sooner, p.later, p.same) == (1, 0, 1)
+    assert paired_figures(mine[:4], runs("asha", [None] * 4)).interval is None       # under five seeds
+    lo, hi = paired_figures(mine, runs("asha", [None] * 6)).interval
     assert day / 10800.0 <= lo < day / 6600.0 < hi <= day / 3600.0      # 6600 s: mine's mean
     line = [x for x in ratio_lines({"asha-promise": mine, "asha": other}) if "seed for seed" in x]
-    assert line == [f"  seed for seed: sooner on 1, later on 1, within 0.01 h on 4; 95% interval of the ratio "
-                    f"over seeds (bootstrap): {interval[0]:.2f}-{interval[1]:.2f}x"]
+    iv = paired_figures(mine, other).interval
+    assert line == [f"  seed for seed: sooner on 1, later on 1, the same to 0.01 h on 4; 95% interval of the ratio "
+                    f"over seeds (bootstrap): {iv[0]:.2f}-{iv[1]:.2f}x"]
+    censored = [x for x in ratio_lines({"asha-promise": mine, "asha": runs("asha", [None] * 6)}) if "seed for" in x]
+    assert censored[0].endswith("x (both ends at least: some runs never reached it)")
 
 
 def test_idle_capacity_is_the_traces_idle_node_seconds_as_they_accrue():

@@ -577,37 +577,50 @@ def ratio_lines(outcomes: dict[str, list[CampaignOutcome]]) -> list[str]:
     return out
 
 
-TIE_S = 36.0                    # runs print their times to 0.01 h: closer than that is a tie
+STEP_S = 36.0                   # runs print their times to 0.01 h: seed for seed, times compare at that step
 INTERVAL_MIN_SEEDS = 5          # fewer seeds give no interval worth printing
 INTERVAL_RESAMPLES = 10_000
 
 
-def paired_figures(mine: Sequence[CampaignOutcome], other: Sequence[CampaignOutcome]
-                   ) -> tuple[int, int, int, tuple[float, float] | None]:
+@dataclass(frozen=True)
+class Paired:
+    """Two modes seed for seed (:func:`paired_figures`)."""
+
+    sooner: int                                  # seeds where the first is sooner (by 0.01 h at least)
+    later: int
+    same: int                                    # the same to 0.01 h
+    interval: tuple[float, float] | None         # 95% bootstrap interval of the ratio of mean times
+
+
+def paired_figures(mine: Sequence[CampaignOutcome], other: Sequence[CampaignOutcome]) -> Paired:
     """Seed for seed (the seeds both ran): on how many ``mine`` is sooner than ``other``, later, and
-    within ``TIE_S``; and a 95% interval of the ratio of their mean times (other's over mine) over
-    the seeds: a percentile bootstrap that resamples the seeds in pairs (``INTERVAL_RESAMPLES``
-    resamples from a fixed generator, so a report is the same every time; None under
-    ``INTERVAL_MIN_SEEDS`` seeds).  A run that missed the target counts the trace's span, as in the
-    means.  The interval says how much the ratio owes to which seeds were run: it is no
+    the same, comparing times at the step they are printed to (``STEP_S``, so a summary read back
+    from printed runs counts alike); and a 95% interval of the ratio of their mean times (other's
+    over mine) over the seeds: a percentile bootstrap that resamples the seeds in pairs
+    (``INTERVAL_RESAMPLES`` resamples from a fixed generator, so a report is the same every time;
+    None under ``INTERVAL_MIN_SEEDS`` seeds).  A run that missed the target counts the trace's span,
+    as in the means.  The interval says how much the ratio owes to which seeds were run: it is no
     guarantee for other traces or models."""
     theirs = {o.seed: _time(o) for o in other}
     pairs = np.array([(_time(o), theirs[o.seed]) for o in mine if o.seed in theirs], dtype=float).reshape(-1, 2)
-    diff = pairs[:, 1] - pairs[:, 0]
-    sooner, later = int(np.sum(diff > TIE_S)), int(np.sum(diff < -TIE_S))
+    steps = np.round(pairs / STEP_S)
+    sooner, later = int(np.sum(steps[:, 1] > steps[:, 0])), int(np.sum(steps[:, 1] < steps[:, 0]))
     interval = None
     if len(pairs) >= INTERVAL_MIN_SEEDS and np.all(pairs[:, 0] > 0):
         picks = np.random.default_rng(0).integers(0, len(pairs), size=(INTERVAL_RESAMPLES, len(pairs)))
         ratios = pairs[picks, 1].mean(axis=1) / pairs[picks, 0].mean(axis=1)
         lo, hi = np.percentile(ratios, [2.5, 97.5])
         interval = (float(lo), float(hi))
-    return sooner, later, len(pairs) - sooner - later, interval
+    return Paired(sooner, later, len(pairs) - sooner - later, interval)
 
 
 def _paired_lines(mine: Sequence[CampaignOutcome], other: Sequence[CampaignOutcome]) -> list[str]:
-    sooner, later, tied, interval = paired_figures(mine, other)
-    if sooner + later + tied == 0:
+    p = paired_figures(mine, other)
+    if p.sooner + p.later + p.same == 0:
         return []
-    spread = ("" if interval is None else
-              f"; 95% interval of the ratio over seeds (bootstrap): {interval[0]:.2f}-{interval[1]:.2f}x")
-    return [f"  seed for seed: sooner on {sooner}, later on {later}, within 0.01 h on {tied}{spread}"]
+    note = (" (uncertain: some of the first mode's runs never reached it)" if any(o.reached_s is None for o in mine)
+            else " (both ends at least: some runs never reached it)" if any(o.reached_s is None for o in other)
+            else "")
+    spread = ("" if p.interval is None else
+              f"; 95% interval of the ratio over seeds (bootstrap): {p.interval[0]:.2f}-{p.interval[1]:.2f}x{note}")
+    return [f"  seed for seed: sooner on {p.sooner}, later on {p.later}, the same to 0.01 h on {p.same}{spread}"]
