@@ -167,3 +167,16 @@ def test_what_reads_back_is_what_was_printed(tmp_path):
     assert back[0]["reached_s"] is None and back[0]["best"] == float("-inf")
     assert back[1]["reached_s"] == pytest.approx(0.34 * 3600) and back[1]["node_h"] == 0.0   # as printed
     assert report.lines[1] == mode_line("asha-first", runs)      # the line prints the same
+
+
+def test_modes_kept_set_the_seeds_compared(tmp_path):
+    parts = [_part(tmp_path, "a", _runs("asha", [2.0, 3.0, 4.0])),
+             _part(tmp_path, "p", _runs("asha-promise", [1.0, 1.5, 2.0])),
+             _part(tmp_path, "f", _runs("asha-first", [0.5]))]
+    assert merge_campaigns(parts).data["seeds"] == [0]                 # asha-first ran seed 0 only
+    kept = merge_campaigns(parts, modes=("asha-promise", "asha"))
+    assert kept.data["seeds"] == [0, 1, 2] and {r["mode"] for r in kept.data["runs"]} == {"asha", "asha-promise"}
+    assert kept.lines[0].startswith("6 run(s)")
+    assert "asha-promise reaches the target 2.00x sooner than asha" in kept.lines
+    with pytest.raises(InputError, match="no runs of random-full"):
+        merge_campaigns(parts, modes=("asha", "random-full"))

@@ -141,8 +141,9 @@ def _same_run(a: CampaignOutcome, b: CampaignOutcome) -> bool:
     return {**asdict(a), "wall_s": 0.0} == {**asdict(b), "wall_s": 0.0}
 
 
-def merge_campaigns(paths: Sequence[str]) -> Report:
-    """The bench's summary over the runs in ``paths`` (module docstring)."""
+def merge_campaigns(paths: Sequence[str], modes: Sequence[str] | None = None) -> Report:
+    """The bench's summary over the runs in ``paths`` (module docstring); ``modes``: only those
+    modes' runs (their seeds in common are compared), in the files' order."""
     if not paths:
         raise InputError("name at least one file of the campaign bench's output")
     setup: Setup | None = None
@@ -172,7 +173,11 @@ def merge_campaigns(paths: Sequence[str]) -> Report:
             bounds.setdefault(seed, (b, seen))
     assert setup is not None
     span_s = setup.span_h * 3600.0
-    modes = list(dict.fromkeys(mode for mode, _ in runs))        # in the order the files name them
+    kept = list(dict.fromkeys(mode for mode, _ in runs if modes is None or mode in modes))   # in the files' order
+    if modes is not None and (missing := [m for m in modes if m not in kept]):
+        raise InputError(f"--modes: no runs of {', '.join(missing)} in these files")
+    runs = {k: v for k, v in runs.items() if k[0] in kept}
+    modes = kept
     seeds_of = {m: {s for (mode, s) in runs if mode == m} for m in modes}
     common = sorted(set.intersection(*seeds_of.values())) if modes else sorted(bounds)
     if modes and not common:

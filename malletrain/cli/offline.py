@@ -265,6 +265,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                      "the seeds all of them ran.")
     bm.set_defaults(run=cmd_bench_campaign_merge)
     bm.add_argument("files", nargs="+", metavar="FILE", help="the output of one part")
+    bm.add_argument("--modes", help="comma-separated: only these modes' runs (default: every mode the files hold; "
+                                    "the seeds compared are those all the modes kept ran)")
     bm.add_argument("--json", action="store_true", help="print JSON only")
 
     bs = bsub.add_parser("slurm", help="Slurm commands per cycle and cycle latency on a live cluster",
@@ -354,8 +356,10 @@ def cmd_bench_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_campaign_merge(args: argparse.Namespace) -> int:
+    from malletrain.bench.campaign import MODES
     from malletrain.bench.campaign_merge import merge_campaigns
-    merge_campaigns(args.files).emit(args.json)
+    modes = None if args.modes is None else _listed("--modes", args.modes, MODES)
+    merge_campaigns(args.files, modes=modes).emit(args.json)
     return 0
 
 
