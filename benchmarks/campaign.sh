@@ -89,3 +89,11 @@ run campaign-philly-summary malletrain bench campaign-merge "$RES/campaign-phill
     "$RES/campaign-philly-top.txt" "$RES/campaign-philly-bound.txt"
 run campaign-theta-week-summary malletrain bench campaign-merge "$RES/campaign-theta-week-asha.txt" \
     "$RES/campaign-theta-week-top.txt" "$RES/campaign-theta-week-bound.txt"
+# Twenty more Theta seeds (20-39) of the three modes with the bound (stop 67; ~40 minutes as two runs of
+# ten side by side), and the three modes on all 40 seeds in one summary:
+run campaign-theta-week-seeds20-39 malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
+    --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --first-seed 20 --seeds 20 \
+    --modes random-full,asha,asha-promise --bound "$@"
+run campaign-theta-week-summary-40 malletrain bench campaign-merge --modes random-full,asha,asha-promise \
+    "$RES/campaign-theta-week-asha.txt" "$RES/campaign-theta-week-top.txt" "$RES/campaign-theta-week-bound.txt" \
+    "$RES/campaign-theta-week-seeds20-39.txt"
