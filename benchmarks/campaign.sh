@@ -97,3 +97,9 @@ run campaign-theta-week-seeds20-39 malletrain bench campaign --trace "$DATA/trac
 run campaign-theta-week-summary-40 malletrain bench campaign-merge --modes random-full,asha,asha-promise \
     "$RES/campaign-theta-week-asha.txt" "$RES/campaign-theta-week-top.txt" "$RES/campaign-theta-week-bound.txt" \
     "$RES/campaign-theta-week-seeds20-39.txt"
+# Ten more Philly seeds (20-29; stop 67, ~35 minutes) and the three modes on all 30 in one summary:
+run campaign-philly-seeds20-29 malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 20 \
+    --seeds 10 --modes random-full,asha,asha-promise --bound "$@"
+run campaign-philly-summary-30 malletrain bench campaign-merge --modes random-full,asha,asha-promise \
+    "$RES/campaign-philly-asha.txt" "$RES/campaign-philly-top.txt" "$RES/campaign-philly-bound.txt" \
+    "$RES/campaign-philly-seeds20-29.txt"
