@@ -2,7 +2,7 @@
 # The test command.
 #   bash scripts/test.sh          every tier (CI; root on Debian 12): lint and types, the fast
 #                                 tier, PyTorch, the real-Slurm tests, the installed wheel
-#   bash scripts/test.sh --fast   contributors: no root, no Slurm, no torch (about a minute)
+#   bash scripts/test.sh --fast   contributors: no root, no Slurm, no torch (two to six minutes)
 # Extra arguments go to pytest (e.g. -k decide, -x).  Tests never write into tracked files.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
