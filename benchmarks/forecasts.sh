@@ -13,7 +13,6 @@ source "$ROOT/scripts/env.sh" dev
 cd "$ROOT"
 DATA="${DATA:-$ROOT/../shared/data}"
 OUT="$ROOT/benchmarks/results/forecast-cost.txt"
-# this run goes on top of the file; the earlier runs stay below it (the history of the figures)
 NEW="$(mktemp)"
 trap 'rm -f "$NEW" "$OUT.tmp"' EXIT
 echo "== python -m devtools bench forecasts --data $DATA --guard --repeat 3 $*" | tee "$NEW"
