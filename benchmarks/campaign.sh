@@ -9,7 +9,7 @@
 # About four hours on a 2-core machine (a seed whose ASHA run never reaches the target asks ~19,000
 # trials, and Optuna's successive halving reads every trial at every report: ~20 minutes for that run).
 #   bash benchmarks/campaign.sh [--seeds 5]      (extra arguments go to every run)
-# The README's ten Philly seeds add seeds 5-9 (about 15 minutes; a run depends on its seed only):
+# The ten Philly seeds of benchmarks/campaign.md add seeds 5-9 (about 15 minutes; a run depends on its seed only):
 #   malletrain bench campaign --trace examples/philly-1day.csv.gz --first-seed 5 --seeds 5
 #       (results/campaign-philly-seeds5-9.txt; with --modes asha-oracle: ...-oracle-seeds5-9.txt)
 # and seeds 10-19 (about 40 minutes), run after cd5042f as a check on seeds the change was not found on:
@@ -32,7 +32,7 @@ run campaign-philly  malletrain bench campaign --trace examples/philly-1day.csv.
 run campaign-theta   malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-03T00:00:00Z --seeds 3 "$@"
 # the same nodes over a week (6,304 idle node-hours against 235 in the two days), ten seeds: ~45 minutes
-# (the README's: seeds 0-2 of every mode, then --first-seed 3 --seeds 7 for random-full, asha and
+# (benchmarks/campaign.md's: seeds 0-2 of every mode, then --first-seed 3 --seeds 7 for random-full, asha and
 # asha-promise: results/campaign-theta-week*.txt)
 run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_2022.swf" --nodes 128 \
     --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 \
@@ -42,7 +42,7 @@ run campaign-theta-week malletrain bench campaign --trace "$DATA/traces/theta_20
 #       --start 2022-03-01T00:00:00Z --end 2022-03-08T00:00:00Z --seeds 10 --modes asha --sampler tpe
 #   (and --seeds 3 --modes asha-promise --sampler tpe)
 # Stop 66 (3cae1a5: the trials at a user's highest rung grow by their promise): asha-promise on seeds
-# 0-19 of both, the README's asha-promise figures (~25 and ~35 minutes; random-full, asha and the
+# 0-19 of both, the asha-promise figures of benchmarks/campaign.md (~25 and ~35 minutes; random-full, asha and the
 # speedup objective report no promise and keep their files above):
 run campaign-philly-top malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 \
     --modes asha-promise "$@"
@@ -56,7 +56,7 @@ run campaign-theta-week-top malletrain bench campaign --trace "$DATA/traces/thet
 # asks its cells in, each trial's start pause, a winner on at most max_nodes of the nodes idle at each
 # moment and restarted after every moment none is), 20 seeds, with random-full for the ceiling of a
 # gain over it, and the clairvoyant asha-first (stop 65: while a known winner is live, the other
-# trials wait); the README's figures against asha and asha-promise take their means from the files
+# trials wait); the figures against asha and asha-promise take their means from the files
 # above. ~40 minutes each (seed 4's asha-first asks ~16,500 trials on the Theta week).
 run campaign-philly-bound malletrain bench campaign --trace examples/philly-1day.csv.gz --seeds 20 \
     --modes random-full,asha-first --bound "$@"

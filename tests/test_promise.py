@@ -85,7 +85,7 @@ def test_a_promise_below_the_owners_top_buys_a_place_not_a_size(top):
     (one node at most) or is held out of the re-split by its start pause: a1 keeps the size its
     curve pays for all the same.  Weighting every promising trial's sizes (tried first) grew the
     trials of the middle rungs beyond their efficient size and slowed the exploration at the
-    first rungs (README, "What pruning and promise buy")."""
+    first rungs (benchmarks/campaign.md)."""
     ids = ("a0", "a1", "a2", "a3", "a4", "a5")
     a0 = (job("a0", "alice", hi=1) if top == "cannot grow"
           else JobState(JobSpec("a0", 1, 4, owner="alice"), ("n0",), "gpu", 1030.0, 1000.0))

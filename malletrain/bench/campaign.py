@@ -22,7 +22,7 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   trials that matter.  It is no bound: running the known winners first costs the other trials'
   early rungs.  With the top trials growing (stop 66) it reaches the target 1.06× sooner than
   ``asha-promise`` on the Philly day; with 5305f95's place-only re-split it was later on every
-  seed (README).
+  seed (benchmarks/campaign.md).
 * ``asha-first``: a clairvoyant allocation, not a mode to use: the same ASHA, and while a trial whose
   cell reaches the target is live, every other trial asked waits with no node (it is submitted once
   no such trial is live).  The known winner trains alone, on up to ``max_nodes`` of the idle nodes
@@ -30,7 +30,7 @@ daemon runs).  Modes, same trace, capacity, seeds and model:
   asked), it reports first at each, which Optuna's successive halving always promotes (with fewer
   than η values at a rung it promotes the best so far).  It shows how near an allocation that knows
   the winners comes to the bound below, which leaves the pruner out: a winner asked after others
-  reported at its rungs may still be pruned (README).  (Trials asked and started before a winner
+  reported at its rungs may still be pruned (benchmarks/campaign.md).  (Trials asked and started before a winner
   was asked run on.)
 
 The study samples at random in every mode unless ``sampler`` (``--sampler tpe``: what a campaign

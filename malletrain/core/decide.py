@@ -622,7 +622,7 @@ def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mappi
     winner trained on 2 of 128 idle nodes where 4 would have finished it 9 h sooner).  Growing
     only the owner's most promising jobs by their promise (stop 66) reached the target 1.06×
     sooner on the Philly day and 1.02× on the Theta week, means of 20 seeds each
-    (``malletrain bench campaign``; README, "What pruning and promise buy").
+    (``malletrain bench campaign``; benchmarks/campaign.md).
 
     Why node-equivalents and not samples/s: a campaign's trials train different networks, whose
     samples/s differ up to 6× between light and heavy ones, and the good ones are heavy.  Valued
@@ -631,7 +631,7 @@ def _by_promise(problem: Problem, compared: AbstractSet[str], equivalents: Mappi
     smallest size ``m``, at most ``n``) the first nodes of trials of the same smallest size are
     worth the same, so equally promising trials are ordered by how well they scale.  On the
     campaign replay of the Philly day this reached the target 1.6× sooner than the re-split in
-    samples/s did (README, "What pruning and promise buy").  The promise's place is bought in
+    samples/s did (benchmarks/campaign.md).  The promise's place is bought in
     the owner's unit (the most any of the owner's jobs gains by running at all).  Why not the
     job's own: scaled by its own rate, a heavy trial's promise bought less than a light trial's
     rate (seed 6's eventual winner then waited 2.6 h at its second rung).
