@@ -232,7 +232,7 @@ def _prefix(ordered: Sequence[tuple[float, float]]) -> list[tuple[float, float]]
                     accumulate(map(logs.__getitem__, leaves), initial=0.0)))
 
 
-def _own_sums(nodes: Sequence[str], stays: Mapping[str, Stay]) -> Sequence[tuple[float, float]]:
+def _own_sums(nodes: Sequence[str], stays: Mapping[str, Stay]) -> list[tuple[float, float]]:
     """:func:`_prefix` of a job's own nodes' stays, longest first (nodes without one stay); read
     off a :class:`StayMap`'s ranks where it holds every node."""
     if isinstance(stays, StayMap) and (sums := stays.prefix(nodes)) is not None:

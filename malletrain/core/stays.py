@@ -34,7 +34,7 @@ class StayMap(Mapping[str, Stay]):
     """Read-only mapping node → Stay, kept as per-node codes into a list of distinct stays."""
 
     __slots__ = ("_codes", "_values", "_names", "_groups", "_source", "_index", "_totals", "_ranked", "_by_rank",
-                 "_code_list", "_dict", "_prefixes")
+                 "_code_list", "_dict")
 
     def __init__(self, names: Sequence[str], codes: np.ndarray, values: Sequence[Stay], *,
                  source: object = None, index: Mapping[str, int] | None = None) -> None:
@@ -52,7 +52,6 @@ class StayMap(Mapping[str, Stay]):
         self._totals: np.ndarray | None = None
         self._ranked: tuple[int, ...] | None = None
         self._by_rank: tuple[list[int], list[float], list[float]] | None = None
-        self._prefixes: dict[tuple[str, ...], tuple[tuple[float, float], ...] | None] = {}
 
     def unbuilt(self, source: object = None) -> StayMap:
         """The same map with nothing built yet (no dict, groups, counts or ranks), for the pool
@@ -156,28 +155,12 @@ class StayMap(Mapping[str, Stay]):
             self._ranked = tuple(order)
         return self._ranked
 
-    MAX_PREFIXES = 1024     # node lists whose prefix sums a map keeps (then it starts again)
-
-    def prefix(self, names: Iterable[str]) -> tuple[tuple[float, float], ...] | None:
+    def prefix(self, names: Iterable[str]) -> list[tuple[float, float]] | None:
         """``objective._prefix`` of the stays of ``names`` longest first: ``[(Σ fraction, Σ log(1 −
         leave_p)) of the first k]`` for k = 0 … len, or None when a name is not in the map.  Each
         node's place in :meth:`ranked`'s order is looked up and the ranks sorted as integers, so
         the sums are the same additions of the same values in the same order (equal stays are
-        interchangeable).
-
-        Kept per node list while the map lives (at most ``MAX_PREFIXES`` lists): the model hands
-        out the same map while its answer is unchanged, and most jobs hold the same nodes from
-        one decision to the next."""
-        key = names if isinstance(names, tuple) else tuple(names)
-        memo = self._prefixes
-        if key in memo:
-            return memo[key]
-        if len(memo) >= self.MAX_PREFIXES:
-            memo.clear()
-        got = memo[key] = self._prefix(key)
-        return got
-
-    def _prefix(self, names: tuple[str, ...]) -> tuple[tuple[float, float], ...] | None:
+        interchangeable)."""
         if self._by_rank is None:
             order = self.ranked()
             rank = [0] * len(self._values)
@@ -194,8 +177,8 @@ class StayMap(Mapping[str, Stay]):
             return None
         codes = map(self._codes_list().__getitem__, at)  # type: ignore[arg-type]  # no None: checked
         ranks = sorted(map(rank_of.__getitem__, codes))
-        return tuple(zip(accumulate(map(fractions.__getitem__, ranks), initial=0.0),
-                         accumulate(map(logs_of.__getitem__, ranks), initial=0.0)))
+        return list(zip(accumulate(map(fractions.__getitem__, ranks), initial=0.0),
+                        accumulate(map(logs_of.__getitem__, ranks), initial=0.0)))
 
     def count(self, names: Iterable[str] | None = None) -> list[int]:
         """How many of ``names`` (None: of all) have each code; names it does not hold are not
