@@ -148,6 +148,14 @@ def test_the_command_exits_2_naming_the_file_without_a_traceback(tmp_path):
     assert r.returncode == 0 and mode_line("asha", _runs("asha", [2.0, 3.0])) in r.stdout
 
 
+def test_a_part_with_windows_line_ends_reads_as_printed(tmp_path):
+    runs = _runs("asha", [2.0, 3.0])
+    plain = _part(tmp_path, "plain", runs, [(0, 1800.0)])
+    crlf = tmp_path / "crlf"
+    crlf.write_bytes(open(plain, "rb").read().replace(b"\n", b"\r\n"))
+    assert merge_campaigns([str(crlf)]).lines == merge_campaigns([plain]).lines
+
+
 def test_overlong_lines_are_skipped_unread(tmp_path):
     runs = _runs("asha", [2.0, 3.0])
     p = tmp_path / "part"

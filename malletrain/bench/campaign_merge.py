@@ -112,7 +112,9 @@ def _hours_s(text: str) -> float | None:
 
 
 def _read(path: str) -> list[str]:
-    """The file's lines (split at newlines only); a regular file of at most ``MAX_FILE_BYTES``."""
+    """The file's lines (split at newlines only, a line's trailing carriage return dropped: a part
+    kept through a Windows editor reads as it was printed); a regular file of at most
+    ``MAX_FILE_BYTES``."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):     # a FIFO or /dev/zero would never end
             raise InputError("not a regular file", path=path)
@@ -122,7 +124,7 @@ def _read(path: str) -> list[str]:
         raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
     if len(data) > MAX_FILE_BYTES:
         raise InputError(f"larger than {MAX_FILE_BYTES >> 20} MiB: not a campaign bench's output", path=path)
-    return data.decode("utf-8", errors="replace").split("\n")
+    return [line.removesuffix("\r") for line in data.decode("utf-8", errors="replace").split("\n")]
 
 
 def _part(path: str) -> tuple[Setup, list[tuple[CampaignOutcome, _Seen]], list[tuple[int, float | None, _Seen]]]:
