@@ -7,8 +7,9 @@ probes out), :mod:`~malletrain.jpa.scaling` (the parametric scaling model and it
 :mod:`~malletrain.jpa.rescale` (the rescale pauses jobs were measured to take) and
 :mod:`~malletrain.jpa.sensitivity` (which jobs slow down on slow nodes).
 
-Imports ``domain`` only (and the standard library, numpy).  Pure: no I/O, no clock, no
-environment; sample times come in.
+Imports ``domain`` only (and the standard library: no numpy, no BLAS, so that a fit is the same
+to the last bit on every machine; see :mod:`~malletrain.jpa.scaling`).  Pure: no I/O, no clock,
+no environment; sample times come in.
 """
 from malletrain.jpa.advisor import Advisor, probe_counts
 from malletrain.jpa.scaling import ScalingFit, fit_scaling

@@ -14,6 +14,15 @@ weighted non-negative least squares on *relative* error (every row is divided
 by its observation), solved exactly by enumerating the 7 active sets of the
 3 coefficients.  With fewer distinct counts than 3 the model is reduced:
 2 counts fit ``a/n + b`` (Amdahl), 1 count needs a shape from elsewhere.
+
+The fit is the same to the last bit on every machine: each active set is solved
+from its normal equations, whose sums are ``math.fsum`` (correctly rounded, so
+independent of order), by a Cholesky factorisation of at most 3×3 in Python
+floats.  No BLAS or LAPACK routine is called: ``numpy.linalg.lstsq``, used
+before, gave results that differed in their last bits with the kernel OpenBLAS
+picks for the CPU (``OPENBLAS_CORETYPE``), and a campaign replay, which fits
+thousands of trials, then made other decisions (one Theta-week run reached its
+target at 45.54 h with one kernel and 39.49 h with another).
 """
 from __future__ import annotations
 
@@ -21,8 +30,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from malletrain.domain.model import interpolate
 
@@ -71,31 +78,63 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
         raise ValueError("need the same non-zero number of counts and throughputs")
     if any(n <= 0 for n in counts) or any(not (x > 0 and math.isfinite(x)) for x in throughputs):
         raise ValueError("counts and throughputs must be positive and finite")
-    taus = np.array([1.0 / x for x in throughputs])
-    basis = np.array([_basis(n) for n in counts])
-    rows = basis / taus[:, None]          # relative-error weighting
-    target = np.ones(len(taus))
+    rows = [(b0 / tau, b1 / tau, b2 / tau)        # relative-error weighting (the target is 1)
+            for (b0, b1, b2), tau in zip(map(_basis, counts), [1.0 / x for x in throughputs])]
     usable = [0, 1, 2][:max(1, min(terms, 3))]
-    best: tuple[float, np.ndarray] | None = None
+    gram = {(j, k): math.fsum(r[j] * r[k] for r in rows) for j in usable for k in usable if j <= k}
+    rhs = [math.fsum(r[j] for r in rows) for j in range(3)]
+    best: tuple[float, list[float]] | None = None
     for size in range(1, len(usable) + 1):
         for active in itertools.combinations(usable, size):
             if active == (2,):
                 continue  # log term alone: infinite throughput at n = 1
-            sol, *_ = np.linalg.lstsq(rows[:, active], target, rcond=None)
-            if (sol < 0).any():
+            sol = _normal_solve(gram, rhs, active)
+            if sol is None or min(sol) < 0:
                 continue
-            coef = np.zeros(3)
-            coef[list(active)] = sol
-            res = float(np.sum((rows @ coef - target) ** 2))
+            coef = [0.0, 0.0, 0.0]
+            for j, v in zip(active, sol):
+                coef[j] = v
+            a, b, c = coef
+            res = math.fsum((r[0] * a + r[1] * b + r[2] * c - 1.0) ** 2 for r in rows)
             # Prefer fewer terms unless more terms cut the residual clearly.
             if best is None or res < best[0] - 1e-12:
                 best = (res, coef)
     if best is None:  # cannot happen: the 1-term 'a/n' fit is always feasible
         raise ValueError("no non-negative fit")
     res, coef = best
-    return ScalingFit(float(coef[0]), float(coef[1]), float(coef[2]),
-                      rel_rmse=math.sqrt(res / len(taus)),
+    return ScalingFit(coef[0], coef[1], coef[2],
+                      rel_rmse=math.sqrt(res / len(rows)),
                       counts=tuple(sorted(set(int(n) for n in counts))))
+
+
+_DEPENDENT = 1e-12      # a pivot below this share of its column's square norm: the columns are dependent
+
+
+def _normal_solve(gram: dict[tuple[int, int], float], rhs: Sequence[float],
+                  active: tuple[int, ...]) -> list[float] | None:
+    """The least-squares coefficients of the ``active`` columns from the normal equations
+    ``G x = h`` (``gram[j, k]`` for ``j <= k``), by Cholesky ``G = L Lᵀ`` with its two triangular
+    solves, in a fixed order of Python float operations; ``None`` where the active columns are
+    (numerically) linearly dependent, so that no fit rests on a near-singular system."""
+    k = len(active)
+    low = [[0.0] * k for _ in range(k)]
+    for i in range(k):
+        for j in range(i + 1):
+            g = gram[active[j], active[i]]
+            acc = g - sum(low[i][m] * low[j][m] for m in range(j))
+            if i == j:
+                if not acc > _DEPENDENT * g:
+                    return None
+                low[i][i] = math.sqrt(acc)
+            else:
+                low[i][j] = acc / low[j][j]
+    y = [0.0] * k
+    for i in range(k):
+        y[i] = (rhs[active[i]] - sum(low[i][m] * y[m] for m in range(i))) / low[i][i]
+    x = [0.0] * k
+    for i in reversed(range(k)):
+        x[i] = (y[i] - sum(low[m][i] * x[m] for m in range(i + 1, k))) / low[i][i]
+    return x
 
 
 def band(fit: ScalingFit, n: int, measured: Sequence[int]) -> tuple[float, float, float]:

@@ -105,6 +105,16 @@ def test_core_imports_no_io(name, path):
         assert top in allowed, f"{rel} imports {imp}"
 
 
+def test_the_profiler_imports_neither_numpy_nor_io():
+    """jpa's fits are plain Python floats, so that they are the same to the last bit on every
+    machine (numpy's BLAS kernels differ per CPU: ``jpa/scaling.py``)."""
+    for name, path in ALL:
+        if room(name) == "jpa":
+            for imp in imports(path):
+                top = imp.split(".")[0]
+                assert top == "malletrain" or (top in PURE_STDLIB and top != "numpy"), f"{name} imports {imp}"
+
+
 def test_nothing_imports_the_cli():
     for name, path in ALL:
         if room(name) == "cli" or name == "malletrain.__main__":

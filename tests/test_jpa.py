@@ -1,6 +1,9 @@
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -39,6 +42,66 @@ def test_fit_coefficients_never_negative():
         fit = fit_scaling(counts, xs)
         assert min(fit.a, fit.b, fit.c) >= 0
         assert all(fit.throughput(n) > 0 for n in (1, 2, 100))
+
+
+_FITS = """
+import hashlib, random
+from malletrain.jpa import fit_scaling
+rng, h = random.Random(7), hashlib.sha256()
+for _ in range(300):
+    counts = [1, 2, 4] + [rng.choice([1, 2, 3, 4, 6, 8, 16, 32]) for _ in range(rng.randint(0, 37))]
+    xs = [1000.0 * n ** rng.uniform(0.5, 1.0) * rng.uniform(0.9, 1.1) for n in counts]
+    f = fit_scaling(counts, xs)
+    h.update(repr((f.a, f.b, f.c, f.rel_rmse)).encode())
+print(h.hexdigest())
+"""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def test_fits_are_the_same_to_the_bit_whatever_blas_kernel_numpy_picks():
+    """The decisions must not depend on the machine: numpy's bundled OpenBLAS picks a kernel per
+    CPU (``OPENBLAS_CORETYPE`` forces one), and numpy.linalg.lstsq's last bits moved with it
+    (Haswell against the SSE kernels on these inputs), which sent a campaign replay elsewhere."""
+    flags = _cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA, so that OpenBLAS can run its Haswell kernel")
+    got = {}
+    for kernel in ("Haswell", "Prescott"):
+        env = {**os.environ, "OPENBLAS_CORETYPE": kernel}
+        r = subprocess.run([sys.executable, "-c", _FITS], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        got[kernel] = r.stdout.strip()
+    assert got["Haswell"] == got["Prescott"], got
+
+
+def test_the_fit_calls_no_blas_or_lapack(monkeypatch):
+    import numpy as np
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a BLAS/LAPACK routine was called")
+    monkeypatch.setattr(np.linalg, "lstsq", refuse)
+    monkeypatch.setattr(np, "dot", refuse)
+    monkeypatch.setattr(np, "matmul", refuse)
+    f = amdahl_log(2.0, 0.05, 0.02)
+    fit = fit_scaling([1, 2, 4, 8], [f(n) for n in (1, 2, 4, 8)])
+    assert fit.a == pytest.approx(2.0, rel=1e-9) and fit.c == pytest.approx(0.02, rel=1e-6)
+
+
+def test_dependent_columns_are_never_fitted():
+    """One node count, all three terms allowed: a/n, b and c·log2 n are then proportional, so no
+    set of two or three of them is solved; the fit is the a/n term alone, by least squares
+    (rows x_i/4 against 1: a = 4·Σx / Σx²)."""
+    xs = [100.0, 110.0, 90.0]
+    fit = fit_scaling([4, 4, 4], xs, terms=3)
+    assert fit.b == 0.0 and fit.c == 0.0
+    assert fit.a == pytest.approx(4 * sum(xs) / sum(x * x for x in xs), rel=1e-12)
 
 
 def test_fit_rejects_bad_input():
