@@ -80,6 +80,11 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
         raise ValueError("counts and throughputs must be positive and finite")
     rows = [(b0 / tau, b1 / tau, b2 / tau)        # relative-error weighting (the target is 1)
             for (b0, b1, b2), tau in zip(map(_basis, counts), [1.0 / x for x in throughputs])]
+    # Solved for sigma * (a, b, c) on rows * sigma, sigma a power of two (exact both ways) that
+    # brings the largest entry to [0.5, 1): the squares neither overflow nor vanish, whatever the
+    # throughputs' unit.
+    sigma = math.ldexp(1.0, -math.frexp(max(max(r) for r in rows))[1])
+    rows = [(r0 * sigma, r1 * sigma, r2 * sigma) for r0, r1, r2 in rows]
     usable = [0, 1, 2][:max(1, min(terms, 3))]
     gram = {(j, k): math.fsum(r[j] * r[k] for r in rows) for j in usable for k in usable if j <= k}
     rhs = [math.fsum(r[j] for r in rows) for j in range(3)]
@@ -102,7 +107,7 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
     if best is None:  # cannot happen: the 1-term 'a/n' fit is always feasible
         raise ValueError("no non-negative fit")
     res, coef = best
-    return ScalingFit(coef[0], coef[1], coef[2],
+    return ScalingFit(coef[0] * sigma, coef[1] * sigma, coef[2] * sigma,
                       rel_rmse=math.sqrt(res / len(rows)),
                       counts=tuple(sorted(set(int(n) for n in counts))))
 

@@ -94,6 +94,15 @@ def test_the_fit_calls_no_blas_or_lapack(monkeypatch):
     assert fit.a == pytest.approx(2.0, rel=1e-9) and fit.c == pytest.approx(0.02, rel=1e-6)
 
 
+@pytest.mark.parametrize("unit", [1e-300, 1e-150, 1e-3, 1e5, 1e150, 1e300])
+def test_the_fit_does_not_depend_on_the_throughputs_unit(unit):
+    """Samples/s in any unit (the normal equations' squares would overflow or vanish at the
+    extremes without the fit's power-of-two scaling)."""
+    f = amdahl_log(2.0 / unit, 0.05 / unit, 0.02 / unit)
+    fit = fit_scaling([1, 2, 4, 8], [f(n) for n in (1, 2, 4, 8)])
+    assert (fit.a * unit, fit.b * unit, fit.c * unit) == pytest.approx((2.0, 0.05, 0.02), rel=1e-9)
+
+
 def test_dependent_columns_are_never_fitted():
     """One node count, all three terms allowed: a/n, b and c·log2 n are then proportional, so no
     set of two or three of them is solved; the fit is the a/n term alone, by least squares
