@@ -480,10 +480,13 @@ _UNSAFE_IN_RELEASE = re.compile(r"[^0-9A-Za-z.+_-]")   # shown as '?': what camp
 
 
 def library_versions() -> str:
-    """The installed releases a run's figures depend on besides this code: the same seed under
-    another Optuna or numpy can ask, prune and so reach the target differently (on the Theta week,
-    asha-promise seed 10 took 101.78 h under Optuna 5.1.0 and numpy 2.4.6 and 101.75 h in an
-    earlier environment, the same code).  Read from the packages' metadata, nothing imported."""
+    """The installed releases a run's figures may depend on besides this code: another Optuna can
+    sample or prune otherwise, and the campaign's path through the core is chaotic (a last bit
+    changed anywhere sends a run elsewhere).  Until stop 70 the JPA's fit went through numpy's
+    BLAS, whose kernel moved runs between machines with the same releases (asha-promise seed 2 of
+    the Theta week: 39.49 or 45.54 h); it no longer does (:mod:`malletrain.jpa.scaling`), and
+    Optuna 5.0.0 against 5.1.0 and numpy 2.3.5 against 2.4.6 gave the same two runs tried.
+    Read from the packages' metadata, nothing imported."""
     from importlib.metadata import PackageNotFoundError, version
     out = []
     for name in VERSIONED:
