@@ -87,7 +87,7 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
     rows = [(r0 * sigma, r1 * sigma, r2 * sigma) for r0, r1, r2 in rows]
     usable = [0, 1, 2][:max(1, min(terms, 3))]
     gram = {(j, k): math.fsum(r[j] * r[k] for r in rows) for j in usable for k in usable if j <= k}
-    rhs = [math.fsum(r[j] for r in rows) for j in range(3)]
+    rhs = {j: math.fsum(r[j] for r in rows) for j in usable}
     best: tuple[float, list[float]] | None = None
     for size in range(1, len(usable) + 1):
         for active in itertools.combinations(usable, size):
@@ -115,7 +115,7 @@ def fit_scaling(counts: Sequence[int], throughputs: Sequence[float],
 _DEPENDENT = 1e-12      # a pivot below this share of its column's square norm: the columns are dependent
 
 
-def _normal_solve(gram: dict[tuple[int, int], float], rhs: Sequence[float],
+def _normal_solve(gram: dict[tuple[int, int], float], rhs: dict[int, float],
                   active: tuple[int, ...]) -> list[float] | None:
     """The least-squares coefficients of the ``active`` columns from the normal equations
     ``G x = h`` (``gram[j, k]`` for ``j <= k``), by Cholesky ``G = L Lᵀ`` with its two triangular
